@@ -1,0 +1,1 @@
+"""Command-line commands of `sat-jax`, one module each."""

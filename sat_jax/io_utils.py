@@ -1,0 +1,96 @@
+"""Small file helpers: atomic writes and JSON-lines reading with clear errors."""
+
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any, Iterable
+
+PathLike = str | os.PathLike
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+  """Writes `data` to `path` so that readers see the old file or the new one.
+
+  The bytes go to a temporary file in the same directory, are fsynced, and the
+  file is renamed over `path` (rename is atomic on POSIX).
+  """
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+  atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: PathLike, obj: Any, indent: int | None = 2) -> None:
+  atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
+
+
+def atomic_write_jsonl(path: PathLike, rows: Iterable[Any]) -> None:
+  atomic_write_text(
+      path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+  )
+
+
+def append_jsonl(path: PathLike, row: Any) -> None:
+  """Appends one JSON line with a single `write` on an O_APPEND descriptor.
+
+  One write call per line means a killed process leaves either the whole line
+  or nothing of it (for lines far below the pipe/page size, as metrics are).
+  """
+  line = (json.dumps(row, sort_keys=True) + "\n").encode("utf-8")
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    os.write(fd, line)
+  finally:
+    os.close(fd)
+
+
+class DataFileError(ValueError):
+  """A data file is missing, empty or malformed; the message names where."""
+
+
+def read_jsonl(path: PathLike, required: Iterable[str] = ()) -> list[dict]:
+  """Reads a JSON-lines file of objects.
+
+  Raises DataFileError naming the file and 1-based line for a missing or empty
+  file, a line that is not valid JSON or not an object, or a missing field.
+  Blank lines are skipped.
+  """
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise DataFileError(f"{path}: no such file")
+  required = tuple(required)
+  rows = []
+  with path.open("r", encoding="utf-8") as f:
+    for lineno, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise DataFileError(f"{path}:{lineno}: malformed JSON ({e.msg})") from e
+      if not isinstance(row, dict):
+        raise DataFileError(
+            f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}"
+        )
+      missing = [k for k in required if k not in row]
+      if missing:
+        raise DataFileError(f"{path}:{lineno}: missing field(s) {missing}")
+      rows.append(row)
+  if not rows:
+    raise DataFileError(f"{path}: empty file (no JSON lines)")
+  return rows

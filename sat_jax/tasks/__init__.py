@@ -1,0 +1,1 @@
+"""Verifiable tasks: synthetic generators and real benchmark loaders."""
