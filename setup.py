@@ -13,6 +13,8 @@ INSTALL_REQUIRES = [
     "tokenizers==0.23.3",
     "safetensors==0.8.0",
     "tensorflow-datasets==4.9.10",
+    # tfds needs it for builders defined in a package (undeclared by tfds).
+    "importlib_resources>=6.0",
     "grain==0.2.18",
     "ml-collections==1.1.0",
     "absl-py>=2.1",
