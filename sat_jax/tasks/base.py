@@ -95,6 +95,10 @@ class Task(abc.ABC):
     del example
     return None
 
+  def demonstration(self, example: Example) -> str:
+    """A correct answer message for `example` (for supervised warm start)."""
+    raise ValueError(f"task {self.name!r} provides no demonstrations")
+
 
 def score_text(task: Task, example: Example, text: str) -> Verdict:
   """Extracts and checks the answer in `text`; never raises for bad answers."""
