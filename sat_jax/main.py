@@ -5,6 +5,7 @@ imported; only the chosen command's module is imported.
 """
 
 import importlib
+import os
 import sys
 
 from absl import app
@@ -39,6 +40,13 @@ def run(argv: list[str] | None = None) -> None:
   if command not in COMMANDS:
     sys.stderr.write(f"sat-jax: unknown command {command!r}\n\n{_usage()}\n")
     sys.exit(2)
+  if os.environ.get("SAT_JAX_DISTRIBUTED") == "1":
+    # Multi-host (TPU pod / multi-node GPU): connect the processes before any
+    # device is touched. Coordinates come from the environment (Cloud TPU
+    # metadata, or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID).
+    import jax  # pylint: disable=g-import-not-at-top
+
+    jax.distributed.initialize()
   module_name, function_name, _ = COMMANDS[command]
   module = importlib.import_module(module_name)
   app.run(
