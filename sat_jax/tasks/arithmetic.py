@@ -1,0 +1,246 @@
+"""Multi-digit arithmetic with a short column-wise worked answer.
+
+Also home of `SyntheticTask`, the shared base of the seeded generators
+(arithmetic, countdown, zebra): problems are drawn from a seeded RNG, each is
+assigned to train or test by `datasets.hash_split` of its canonical key (so
+the splits never overlap), and the splits are stored once as a TFDS
+array_record dataset and read back with grain.
+
+Worked-answer format (what `demonstration` writes and a tiny model learns):
+
+  457+168 ->  7+8+0=15        452-168 ->  12-8-0=4       457*12 ->  457*2=914
+              5+6+1=12                    15-6-1=8                  457*10=4570
+              4+1+1=6                     4-1-1=2                   Answer: 5484
+              Answer: 625                 Answer: 284
+
+Addition: one line per column from the right, `a+b+carry_in=sum`. Subtraction
+(the generator keeps a >= b): `a-b-borrow_in=d`, where a is shown with 10
+added when the column borrows. Multiplication: one partial product per digit
+of the second operand. The answer is read strictly from the last line of the
+form `Answer: <integer>`.
+"""
+
+import abc
+import os
+import pathlib
+import random
+import re
+from typing import Any, Hashable, Sequence
+
+from sat_jax.tasks import base
+from sat_jax.tasks import datasets
+from sat_jax.tasks import registry
+
+SPLITS = ("train", "test")
+# Draws allowed per requested problem (duplicates and problems of the other
+# split are skipped) before the space is declared too small.
+_MAX_DRAWS_PER_PROBLEM = 200
+
+
+def default_data_dir() -> pathlib.Path:
+  """$SAT_JAX_DATA_DIR, else ~/.cache/sat_jax/tasks."""
+  env = os.environ.get("SAT_JAX_DATA_DIR")
+  if env:
+    return pathlib.Path(env)
+  return pathlib.Path.home() / ".cache" / "sat_jax" / "tasks"
+
+
+class SyntheticTask(base.Task, abc.ABC):
+  """A seeded generator of problems, stored as TFDS, split by `hash_split`.
+
+  Subclasses set `name`, implement `_draw(rng) -> (key, record)` and
+  `generator_config()`; `record` holds "prompt", "target" and "meta" (all
+  JSON-able), `key` is the canonical problem (equal keys = same problem).
+  """
+
+  def __init__(
+      self,
+      *,
+      seed: int = 0,
+      train_size: int = 1000,
+      test_size: int = 200,
+      test_fraction: float = 0.2,
+      data_dir: str | os.PathLike | None = None,
+  ):
+    for field, value in (("train_size", train_size), ("test_size", test_size)):
+      if not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"{self.name}: {field} must be an int >= 0, got {value!r}"
+        )
+    if not 0.0 < test_fraction < 1.0:
+      raise ValueError(
+          f"{self.name}: test_fraction must be in (0, 1), got {test_fraction}"
+      )
+    self.seed = int(seed)
+    self.split_sizes = {"train": train_size, "test": test_size}
+    self.test_fraction = float(test_fraction)
+    self.data_dir = pathlib.Path(data_dir or default_data_dir())
+    self._builder = None
+
+  @abc.abstractmethod
+  def generator_config(self) -> dict[str, Any]:
+    """The difficulty parameters (they key the stored dataset)."""
+
+  @abc.abstractmethod
+  def _draw(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
+    """One random problem: (canonical key, record without uid)."""
+
+  def records(self, split: str, count: int) -> list[dict[str, Any]]:
+    """`count` distinct problems of `split`, deterministic in the seed."""
+    rng = random.Random(f"{self.name}/{self.seed}/{split}")
+    out, seen, draws = [], set(), 0
+    budget = _MAX_DRAWS_PER_PROBLEM * (count + 1)
+    while len(out) < count:
+      draws += 1
+      if draws > budget:
+        raise ValueError(
+            f"{self.name}: found only {len(out)} distinct {split} problems of"
+            f" the {count} asked ({split}_size) with"
+            f" {self.generator_config()}; lower {split}_size or raise the"
+            " difficulty"
+        )
+      key, record = self._draw(rng)
+      if key in seen or datasets.hash_split(key, self.test_fraction) != split:
+        continue
+      seen.add(key)
+      out.append({"uid": f"{self.name}/{key}", **record})
+    return out
+
+  def load(self, split: str) -> list[base.Example]:
+    base.check_split(split, SPLITS)
+    if self._builder is None:
+      config = {
+          **self.generator_config(),
+          "seed": self.seed,
+          "test_fraction": self.test_fraction,
+      }
+      self._builder = datasets.prepare(
+          self.name, self.records, self.split_sizes, self.data_dir, config
+      )
+    return [
+        base.Example(r["uid"], r["prompt"], r["target"], r.get("meta", {}))
+        for r in datasets.load_records(self._builder, split)
+    ]
+
+
+_ANSWER_RE = re.compile(r"^[ \t]*Answer:[ \t]*(-?\d+)[ \t]*$", re.MULTILINE)
+
+
+def extract_integer_answer(text: str) -> str | None:
+  """The integer on the last line that is exactly `Answer: <integer>`."""
+  matches = _ANSWER_RE.findall(text)
+  return matches[-1] if matches else None
+
+
+def _digits_lsb(x: int, width: int) -> list[int]:
+  return [(x // 10**i) % 10 for i in range(width)]
+
+
+def worked_sum(a: int, b: int) -> list[str]:
+  """Column lines `a_i+b_i+c_i=s_i` from the right; c_{i+1} = s_i // 10."""
+  width = max(len(str(a)), len(str(b)))
+  lines, carry = [], 0
+  for x, y in zip(_digits_lsb(a, width), _digits_lsb(b, width)):
+    s = x + y + carry
+    lines.append(f"{x}+{y}+{carry}={s}")
+    carry = s // 10
+  return lines
+
+
+def worked_difference(a: int, b: int) -> list[str]:
+  """Column lines `(a_i + 10 w_i)-b_i-w_in=d_i` for a >= b; w = borrow."""
+  if a < b:
+    raise ValueError(f"worked_difference needs a >= b, got {a} - {b}")
+  width = len(str(a))
+  lines, borrow = [], 0
+  for x, y in zip(_digits_lsb(a, width), _digits_lsb(b, width)):
+    out_borrow = 1 if x - y - borrow < 0 else 0
+    top = x + 10 * out_borrow
+    lines.append(f"{top}-{y}-{borrow}={top - y - borrow}")
+    borrow = out_borrow
+  return lines
+
+
+def worked_product(a: int, b: int) -> list[str]:
+  """One partial product a * (b_i 10^i) per digit of b, from the right."""
+  return [
+      f"{a}*{d * 10**i}={a * d * 10**i}"
+      for i, d in enumerate(_digits_lsb(b, len(str(b))))
+  ]
+
+
+_OPS = {
+    "+": (lambda a, b: a + b, worked_sum),
+    "-": (lambda a, b: a - b, worked_difference),
+    "*": (lambda a, b: a * b, worked_product),
+}
+
+
+@registry.register("arithmetic")
+class ArithmeticTask(SyntheticTask):
+  """`a op b` with both operands of exactly `digits` digits (0-9 for 1).
+
+  Difficulty: `digits` and the allowed `operations` ("+", "-", "*"). For "-"
+  the larger operand comes first, so answers are never negative.
+  Reward: 1 for the exact integer, else 0.
+  """
+
+  name = "arithmetic"
+  system_prompt = (
+      "Work column by column from the right, one line per step, then end with"
+      " the line 'Answer: <number>'."
+  )
+
+  def __init__(
+      self, *, digits: int = 3, operations: Sequence[str] = ("+",), **kwargs
+  ):
+    if not isinstance(digits, int) or not 1 <= digits <= 18:
+      raise ValueError(
+          f"arithmetic: digits must be an int in [1, 18], got {digits!r}"
+      )
+    operations = tuple(operations)
+    if not operations or any(op not in _OPS for op in operations):
+      raise ValueError(
+          "arithmetic: operations must be a non-empty subset of"
+          f" {sorted(_OPS)}, got {operations!r}"
+      )
+    self.digits = digits
+    self.operations = operations
+    super().__init__(**kwargs)
+
+  def generator_config(self) -> dict[str, Any]:
+    return {"digits": self.digits, "operations": list(self.operations)}
+
+  def _draw(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
+    lo = 0 if self.digits == 1 else 10 ** (self.digits - 1)
+    hi = 10**self.digits - 1
+    a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+    op = rng.choice(self.operations)
+    if op == "-" and a < b:
+      a, b = b, a
+    key = f"{a}{op}{b}"
+    record = {
+        "prompt": f"Compute {key}.",
+        "target": str(_OPS[op][0](a, b)),
+        "meta": {"a": a, "b": b, "op": op},
+    }
+    return key, record
+
+  def extract_answer(self, text: str) -> str | None:
+    return extract_integer_answer(text)
+
+  def check(self, example: base.Example, answer: str) -> base.Verdict:
+    if int(answer) == int(example.target):
+      return base.Verdict(1.0, True, answer)
+    return base.Verdict(0.0, False, answer, f"{answer} != {example.target}")
+
+  def answer_key(self, answer: str) -> Hashable:
+    try:
+      return int(answer)
+    except ValueError:
+      return super().answer_key(answer)
+
+  def demonstration(self, example: base.Example) -> str:
+    a, b, op = example.meta["a"], example.meta["b"], example.meta["op"]
+    lines = _OPS[op][1](a, b)
+    return "\n".join(lines + [f"Answer: {example.target}"])
