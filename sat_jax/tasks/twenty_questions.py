@@ -1,0 +1,312 @@
+"""Twenty questions over an attribute table, answered by an exact oracle.
+
+A problem is a small table of items (name plus attribute values) shown in the
+prompt, and one hidden item. The team asks yes/no questions in a constrained
+form the oracle answers exactly from the hidden item's row:
+
+  "Is it red?" / "Is it round?" / "Is it wood?"   a categorical value
+  "Is its weight > 3?"  (also <, =, >=, <=)       a numeric comparison
+  "Is it cup?"                                    a guess of one item
+
+The last such question in a message is answered "Yes." or "No."; a message
+with none gets a reminder of the forms. Either way it uses a turn. "Final
+answer: cup" ends the episode; after `max_turns` questions the oracle asks for
+the final answer and the next message ends it. Correct iff the final answer
+names the hidden item (reward 1, else 0).
+
+Values of different attributes are disjoint words, so a value names its
+attribute. A value of an attribute in play that no item has is answered "No."
+(it is exact: the hidden item does not have it). Difficulty grows with the
+number of items and attributes and shrinks with the turn budget. The scripted
+policy of `demonstration_messages` asks the question that splits the
+remaining candidates most evenly.
+"""
+
+import json
+import os
+import pathlib
+import random
+import re
+from typing import Any, Mapping, Sequence
+
+from sat_jax.tasks import base
+from sat_jax.tasks import blocksworld
+from sat_jax.tasks import datasets
+from sat_jax.tasks import registry
+
+VALUES = {
+    "color": ("red", "blue", "green", "yellow", "black", "white"),
+    "weight": tuple(range(1, 10)),
+    "shape": ("round", "square", "long", "flat"),
+    "material": ("wood", "metal", "glass", "cloth"),
+}
+ATTRIBUTES = tuple(VALUES)  # the first `num_attributes` are used
+NAMES = (
+    "cup", "key", "ball", "box", "pen", "hat", "lamp", "book",
+    "sock", "fork", "ring", "bell", "coin", "drum", "kite", "vase",
+)  # fmt: skip
+FORMS = (
+    "I can only answer: 'Is it <value>?', 'Is its weight > <number>?' "
+    "(or <, =) or 'Is it <item>?'."
+)
+_NUMERIC_Q = r"is its (\w+)\s*(>=|<=|>|<|=)\s*(\d+)"
+_WORD_Q = r"is it (?:an? |made of )?(\w+)\s*\?"
+_FINAL = r"final answer\s*:\s*(?:the |an? )?(\w+)"
+_OPS = {
+    ">": lambda a, b: a > b, "<": lambda a, b: a < b, "=": lambda a, b: a == b,
+    ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b,
+}  # fmt: skip
+
+
+def last_question(text: str) -> tuple | None:
+  """("num", attr, op, value) or ("word", w) of the last question in `text`."""
+  found = [
+      (m.start(), ("num", m[1].lower(), m[2], int(m[3])))
+      for m in re.finditer(_NUMERIC_Q, text, re.IGNORECASE)
+  ]
+  found += [
+      (m.start(), ("word", m[1].lower()))
+      for m in re.finditer(_WORD_Q, text, re.IGNORECASE)
+  ]
+  return max(found, key=lambda f: f[0])[1] if found else None
+
+
+def extract_final(text: str) -> str | None:
+  found = re.findall(_FINAL, text, re.IGNORECASE)
+  return found[-1].lower() if found else None
+
+
+def answer(
+    question: tuple, row: Mapping[str, Any], name: str, table_names: Sequence
+) -> bool | None:
+  """The oracle's truth value for the hidden item; None if unanswerable."""
+  if question[0] == "num":
+    _, attr, op, value = question
+    if attr not in row or not isinstance(row[attr], int):
+      return None
+    return _OPS[op](row[attr], value)
+  word = question[1]
+  if word in table_names:
+    return word == name
+  for attr, value in row.items():
+    if word in VALUES[attr] and isinstance(value, str):
+      return value == word
+  return None
+
+
+class TwentyQuestionsEnv(base.Environment):
+  """One game: find `hidden` among `items` ({name: {attribute: value}})."""
+
+  def __init__(
+      self, items: Mapping[str, Mapping[str, Any]], hidden: str, max_turns: int
+  ):
+    if hidden not in items:
+      raise ValueError(f"hidden item {hidden!r} is not in the table")
+    if max_turns < 1:
+      raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    self.items, self.hidden, self.max_turns = items, hidden, max_turns
+    self.reset()
+
+  def reset(self) -> str | None:
+    self.history: list[tuple[tuple | None, bool | None]] = []
+    self.done = self.awaiting_final = False
+    self.answer: str | None = None
+    return None
+
+  def step(self, message: str) -> base.EnvReply:
+    if self.done:
+      raise RuntimeError("twenty_questions: step() after the episode ended")
+    final = extract_final(message)
+    if final is not None or self.awaiting_final:
+      self.answer, self.done = final, True
+      return base.EnvReply(
+          "Correct." if final == self.hidden else "Wrong.", True
+      )
+    question = last_question(message)
+    truth = None
+    if question is not None:
+      row = self.items[self.hidden]
+      truth = answer(question, row, self.hidden, list(self.items))
+    self.history.append((question, truth))
+    text = FORMS if truth is None else ("Yes." if truth else "No.")
+    if len(self.history) >= self.max_turns:
+      self.awaiting_final = True
+      text += " No questions left. Reply with: Final answer: [item]"
+    return base.EnvReply(text, False)
+
+  def verdict(self) -> base.Verdict:
+    if self.answer == self.hidden:
+      return base.Verdict(1.0, True, self.answer)
+    why = "no final answer" if self.answer is None else "wrong item"
+    return base.Verdict(0.0, False, self.answer, why)
+
+
+def _questions(
+    items: Mapping[str, Mapping[str, Any]],
+) -> list[tuple[str, tuple]]:
+  """(text, parsed) of every question that can split the table."""
+  out = []
+  for attr in next(iter(items.values())):
+    values = sorted({row[attr] for row in items.values()})
+    if attr == "weight":
+      out += [(f"Is its weight > {v}?", ("num", attr, ">", v)) for v in values]
+    else:
+      out += [(f"Is it {v}?", ("word", v)) for v in values]
+  return out
+
+
+def scripted_policy(
+    items: Mapping[str, Mapping[str, Any]],
+    candidates: Sequence[str],
+    must_answer: bool,
+) -> str:
+  """The most even split of the candidates; a final answer when sure."""
+  if len(candidates) == 1 or must_answer:
+    return f"Final answer: {candidates[0]}"
+  names = list(items)
+
+  def worst(q):
+    yes = sum(bool(answer(q[1], items[c], c, names)) for c in candidates)
+    return max(yes, len(candidates) - yes)
+
+  return min(_questions({c: items[c] for c in candidates}), key=worst)[0]
+
+
+@registry.register("twenty_questions")
+class TwentyQuestionsTask(base.Task):
+  """Synthetic question asking: identify the hidden item of a table."""
+
+  name = "twenty_questions"
+
+  def __init__(
+      self,
+      num_items: int = 6,
+      num_attributes: int = 3,
+      max_turns: int = 6,
+      seed: int = 0,
+      train_size: int = 2000,
+      test_size: int = 200,
+      test_fraction: float = 0.2,
+      data_dir: str | os.PathLike | None = None,
+  ):
+    if not 2 <= num_items <= len(NAMES):
+      raise ValueError(f"num_items must be in [2, {len(NAMES)}]: {num_items}")
+    if not 1 <= num_attributes <= len(ATTRIBUTES):
+      raise ValueError(
+          f"num_attributes must be in [1, {len(ATTRIBUTES)}]: {num_attributes}"
+      )
+    if max_turns < 1 or train_size < 0 or test_size < 0:
+      raise ValueError(
+          "need max_turns >= 1 and split sizes >= 0, got "
+          f"{max_turns}, {train_size}, {test_size}"
+      )
+    datasets.hash_split("", test_fraction)  # validates the fraction
+    self.attributes = ATTRIBUTES[:num_attributes]
+    distinct = 1
+    for attr in self.attributes:
+      distinct *= len(VALUES[attr])
+    if distinct < num_items:
+      raise ValueError(
+          f"{num_attributes} attribute(s) give only {distinct} distinct rows, "
+          f"fewer than num_items={num_items}"
+      )
+    self.max_turns = max_turns
+    self.config = dict(
+        num_items=num_items, num_attributes=num_attributes, seed=seed,
+        test_fraction=test_fraction,
+    )  # fmt: skip
+    self.split_sizes = {"train": train_size, "test": test_size}
+    self.data_dir = (
+        pathlib.Path(data_dir) if data_dir else blocksworld.default_data_dir()
+    )
+    self._builder = None
+
+  def _records(self, split: str, count: int) -> list[dict[str, Any]]:
+    cfg = self.config
+    rng = random.Random(f"twenty_questions/{cfg['seed']}/{split}")
+    records, seen, attempts = [], set(), 0
+    while len(records) < count:
+      attempts += 1
+      if attempts > 100 * count + 1000:
+        raise ValueError(
+            f"twenty_questions: found only {len(records)} of {count} "
+            f"distinct {split} problems with {cfg}"
+        )
+      names = rng.sample(NAMES, cfg["num_items"])
+      rows: set[tuple] = set()
+      while len(rows) < len(names):
+        rows.add(tuple(rng.choice(VALUES[a]) for a in self.attributes))
+      table = [
+          [n, *r] for n, r in zip(names, rng.sample(sorted(rows), len(rows)))
+      ]
+      hidden = rng.choice(names)
+      key = json.dumps([sorted(table), hidden])
+      if key in seen or datasets.hash_split(key, cfg["test_fraction"]) != split:
+        continue
+      seen.add(key)
+      uid = f"tq-{len(seen)}-{datasets.config_key({'k': key})}"
+      records.append({"uid": uid, "table": table, "hidden": hidden})
+    return records
+
+  def load(self, split: str) -> list[base.Example]:
+    base.check_split(split, ("train", "test"))
+    if self._builder is None:
+      self._builder = datasets.prepare(
+          self.name, self._records, self.split_sizes, self.data_dir, self.config
+      )
+    return [
+        self._example(r) for r in datasets.load_records(self._builder, split)
+    ]
+
+  def items(self, example: base.Example) -> dict[str, dict[str, Any]]:
+    return {
+        row[0]: dict(zip(self.attributes, row[1:]))
+        for row in example.target["table"]
+    }
+
+  def _example(self, record: dict[str, Any]) -> base.Example:
+    rows = "; ".join(
+        f"{r[0]} ({', '.join(str(v) for v in r[1:])})" for r in record["table"]
+    )
+    prompt = (
+        "Find my hidden item by yes/no questions.\n"
+        f"Items ({', '.join(self.attributes)}): {rows}.\n"
+        "Ask one question per turn, like 'Is it red?' or 'Is its weight > 3?'. "
+        f"{self.max_turns} questions, then reply 'Final answer: [item]'."
+    )
+    target = {"table": record["table"], "hidden": record["hidden"]}
+    return base.Example(
+        record["uid"], prompt, target, {"max_turns": self.max_turns}
+    )
+
+  def extract_answer(self, text: str) -> str | None:
+    return extract_final(text)
+
+  def check(self, example: base.Example, answer: str) -> base.Verdict:
+    ok = answer.strip().lower() == example.target["hidden"]
+    return base.Verdict(float(ok), ok, answer, "" if ok else "wrong item")
+
+  def make_environment(self, example: base.Example) -> TwentyQuestionsEnv:
+    return TwentyQuestionsEnv(
+        self.items(example), example.target["hidden"], self.max_turns
+    )
+
+  def demonstration_messages(self, example: base.Example) -> list[dict]:
+    """A scripted episode as chat messages (assistant = team, user = oracle)."""
+    env = self.make_environment(example)
+    items, candidates, messages = env.items, list(env.items), []
+    while not env.done:
+      move = scripted_policy(items, candidates, env.awaiting_final)
+      reply = env.step(move)
+      messages.append(base.message("assistant", move))
+      messages.append(base.message("user", reply.text))
+      question, truth = env.history[-1] if env.history else (None, None)
+      if not env.done and truth is not None:
+        candidates = [
+            c for c in candidates
+            if answer(question, items[c], c, list(items)) == truth
+        ]  # fmt: skip
+    return messages
+
+  def demonstration(self, example: base.Example) -> str:
+    return f"Final answer: {example.target['hidden']}"
