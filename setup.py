@@ -23,6 +23,7 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8",
     "tensorboardX>=2.6",
     "math-verify==0.9.0",
+    "pyyaml>=6.0",
 ]
 
 EXTRAS_REQUIRE = {
