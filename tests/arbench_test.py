@@ -9,7 +9,8 @@ import pytest
 from sat_jax import models
 from sat_jax import testing
 from sat_jax.io_utils import DataFileError
-from sat_jax.tasks import arbench
+from sat_jax.tasks import arbench_dc
+from sat_jax.tasks import arbench_sp
 from sat_jax.tasks import base
 from sat_jax.tasks import registry
 from sat_jax.tasks import responder as responder_lib
@@ -53,40 +54,40 @@ def _write(tmp_path, name, data):
 
 
 def test_f1_by_hand():
-  assert arbench.f1(list("abc"), list("abde")) == pytest.approx(4 / 7)
-  assert arbench.char_f1("abc", "abd") == pytest.approx(2 / 3)
-  assert arbench.char_f1("aab", "ab") == pytest.approx(0.8)  # multiplicity
-  assert arbench.word_f1("the cat sat", "the cat") == pytest.approx(0.8)
-  assert arbench.word_f1("Cat.", "cat") == 0.0  # raw split, as AR-Bench
-  assert arbench.word_f1("", "x") == 0.0
+  assert arbench_sp.f1(list("abc"), list("abde")) == pytest.approx(4 / 7)
+  assert arbench_sp.char_f1("abc", "abd") == pytest.approx(2 / 3)
+  assert arbench_sp.char_f1("aab", "ab") == pytest.approx(0.8)  # multiplicity
+  assert arbench_sp.word_f1("the cat sat", "the cat") == pytest.approx(0.8)
+  assert arbench_sp.word_f1("Cat.", "cat") == 0.0  # raw split, as AR-Bench
+  assert arbench_sp.word_f1("", "x") == 0.0
 
 
 def test_letters_and_routing():
-  assert arbench.extract_letter("Reason: ... Final answer: C", 5) == "C"
-  assert arbench.extract_letter("Answer: B", 5) is None
-  assert arbench.extract_letter("Answer: [B]", 5, lenient=True) == "B"
-  assert arbench.extract_letter("Final answer: E", 3) is None  # no suspect E
+  assert arbench_dc.extract_letter("Reason: ... Final answer: C", 5) == "C"
+  assert arbench_dc.extract_letter("Answer: B", 5) is None
+  assert arbench_dc.extract_letter("Answer: [B]", 5, lenient=True) == "B"
+  assert arbench_dc.extract_letter("Final answer: E", 3) is None  # no suspect E
   names = ["Bob Stone", "Ann Lee", "Cy Young"]
-  assert arbench.route("Question for Ann Lee: where?", names) == (
+  assert arbench_dc.route("Question for Ann Lee: where?", names) == (
       "Ann Lee",
       "where?",
   )
-  assert arbench.route("question to stone: why?", names) == (
+  assert arbench_dc.route("question to stone: why?", names) == (
       "Bob Stone",
       "why?",
   )
-  assert arbench.route("Ask Cy Young where he was", names) == (
+  assert arbench_dc.route("Ask Cy Young where he was", names) == (
       "Cy Young", "Ask Cy Young where he was",
   )  # fmt: skip
-  assert arbench.route("Question for Dan: hi?", names) is None
-  assert arbench.route("Ann Lee or Cy Young?", names) is None
+  assert arbench_dc.route("Question for Dan: hi?", names) is None
+  assert arbench_dc.route("Ann Lee or Cy Young?", names) is None
 
 
 def test_detective_episode_routes_to_the_right_suspect(tmp_path):
   fake = responder_lib.ScriptedResponder(
       lambda facts, q: facts.split("Your story: ")[1]
   )
-  task = arbench.DetectiveCasesTask(
+  task = arbench_dc.DetectiveCasesTask(
       _write(tmp_path, "dc", [CASE]), responder=fake, max_turns=3
   )
   (ex,) = task.load()
@@ -120,20 +121,20 @@ def test_detective_bad_files(tmp_path):
       DataFileError, match=r"item 0: missing field\(s\) \['label'\]"
   ):
     bad = {k: v for k, v in CASE.items() if k != "label"}
-    arbench.DetectiveCasesTask(_write(tmp_path, "a", [bad])).load()
+    arbench_dc.DetectiveCasesTask(_write(tmp_path, "a", [bad])).load()
   wrong = copy.deepcopy(CASE)
   wrong["label"] = 3
   with pytest.raises(DataFileError, match="label 3 is not a suspect index"):
-    arbench.DetectiveCasesTask(_write(tmp_path, "b", [wrong])).load()
+    arbench_dc.DetectiveCasesTask(_write(tmp_path, "b", [wrong])).load()
   stranger = copy.deepcopy(CASE)
   stranger["initial_information"]["suspect"][2]["name"] = "Dan"
   with pytest.raises(DataFileError, match="'Dan' has no hidden facts"):
-    arbench.DetectiveCasesTask(_write(tmp_path, "c", [stranger])).load()
+    arbench_dc.DetectiveCasesTask(_write(tmp_path, "c", [stranger])).load()
   with pytest.raises(DataFileError, match="empty file"):
-    arbench.DetectiveCasesTask(_write(tmp_path, "d", "[]")).load()
+    arbench_dc.DetectiveCasesTask(_write(tmp_path, "d", "[]")).load()
   with pytest.raises(DataFileError, match="malformed JSON"):
-    arbench.DetectiveCasesTask(_write(tmp_path, "e", "[{")).load()
-  task = arbench.DetectiveCasesTask(_write(tmp_path, "f", [CASE]))
+    arbench_dc.DetectiveCasesTask(_write(tmp_path, "e", "[{")).load()
+  task = arbench_dc.DetectiveCasesTask(_write(tmp_path, "f", [CASE]))
   with pytest.raises(ValueError, match="needs a responder"):
     task.make_environment(task.load()[0])
 
@@ -141,7 +142,7 @@ def test_detective_bad_files(tmp_path):
 def test_puzzle_episode_and_f1_verdict(tmp_path):
   replies = iter(["Yes, he did.", "irrelevant", "Maybe so"])
   fake = responder_lib.ScriptedResponder(lambda facts, q: next(replies))
-  task = arbench.SituationPuzzlesTask(
+  task = arbench_sp.SituationPuzzlesTask(
       _write(tmp_path, "sp", [PUZZLE]), responder=fake, max_turns=3
   )
   (ex,) = task.load()
@@ -167,7 +168,7 @@ def test_puzzle_episode_and_f1_verdict(tmp_path):
   with pytest.raises(
       DataFileError, match=r"item 0: missing field\(s\) \['bottom'\]"
   ):
-    arbench.SituationPuzzlesTask(
+    arbench_sp.SituationPuzzlesTask(
         _write(tmp_path, "x", [{"surface": "s"}])
     ).load()
 
@@ -193,7 +194,7 @@ def test_lm_responder_in_the_detective_environment(tmp_path, tiny_lm):
   text = tiny_lm[2].decode(ids)
   assert text.index("You are Ann.") < text.index("hi?") < text.index("hello")
   assert text.index("hello") < text.index("where were you?")
-  task = arbench.DetectiveCasesTask(
+  task = arbench_dc.DetectiveCasesTask(
       _write(tmp_path, "dc", [CASE]), responder=lm
   )
   (ex,) = task.load()
@@ -215,12 +216,12 @@ def test_make_responder_and_registry(tmp_path):
   with pytest.raises(TypeError, match="Responder or a path"):
     responder_lib.make_responder(3)
   task = registry.get_task("arbench_sp", path=_write(tmp_path, "sp", [PUZZLE]))
-  assert isinstance(task, arbench.SituationPuzzlesTask)
+  assert isinstance(task, arbench_sp.SituationPuzzlesTask)
 
 
 @pytest.mark.benchdata
 def test_real_detective_cases_letters(shared_benchmarks):
-  task = arbench.DetectiveCasesTask(shared_benchmarks / "arbench")
+  task = arbench_dc.DetectiveCasesTask(shared_benchmarks / "arbench")
   examples = task.load()
   raw = json.loads(
       (shared_benchmarks / "arbench/data/dc/test.json").read_text()
@@ -236,7 +237,7 @@ def test_real_detective_cases_letters(shared_benchmarks):
 
 @pytest.mark.benchdata
 def test_real_situation_puzzles(shared_benchmarks):
-  task = arbench.SituationPuzzlesTask(shared_benchmarks / "arbench")
+  task = arbench_sp.SituationPuzzlesTask(shared_benchmarks / "arbench")
   examples = task.load()
   assert len(examples) == 100
   for ex in examples:

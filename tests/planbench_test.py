@@ -127,7 +127,7 @@ def test_bad_files(tmp_path):
     pb.PlanBenchTask(tmp_path, variant="logistics")
   bad_json = _layout(tmp_path / "j", prompts="{not json")
   with pytest.raises(
-      DataFileError, match="task_1_plan_generation.json: malformed"
+      DataFileError, match="task_1_plan_generation.json:1: malformed"
   ):
     pb.PlanBenchTask(bad_json).load()
   no_field = _layout(

@@ -69,6 +69,19 @@ def test_environment_episode():
   assert "not the number" in env.verdict().reason
 
 
+def _replay_demonstration(task, ex):
+  """Checks that the scripted episode replays in a fresh environment and
+  wins; returns its messages."""
+  messages = task.demonstration_messages(ex)
+  assert messages[0] == base.message("user", ex.prompt)
+  env = task.make_environment(ex)
+  for team, reply in zip(messages[1::2], messages[2::2]):
+    assert team["role"] == "assistant" and reply["role"] == "user"
+    assert env.step(team["content"]).text == reply["content"]
+  assert env.done and env.verdict().correct
+  return messages
+
+
 @pytest.fixture(scope="module")
 def gn_task(tmp_path_factory):
   return gn.GuessNumberTask(
@@ -85,12 +98,8 @@ def test_guess_number_splits_and_demonstrations(gn_task):
       assert len(set(ex.target)) == 4 and ex.target.isdigit()
   assert not {e.target for e in train} & {e.target for e in test}
   for ex in test:
-    messages = gn_task.demonstration_messages(ex)
-    env = gn_task.make_environment(ex)
-    for team, reply in zip(messages[::2], messages[1::2]):
-      assert env.step(team["content"]).text == reply["content"]  # replays
-    assert env.done and env.verdict().correct
-    assert len(messages) // 2 <= gn_task.max_turns
+    messages = _replay_demonstration(gn_task, ex)
+    assert (len(messages) - 1) // 2 <= gn_task.max_turns
     demo = gn_task.demonstration(ex)
     assert base.score_text(gn_task, ex, demo).correct
   wrong = base.score_text(gn_task, test[0], "Final answer: 0000")
@@ -110,7 +119,7 @@ def test_guess_number_bad_arguments(tmp_path):
 def test_arbench_gn_file_errors(tmp_path):
   path = tmp_path / "test.json"
   path.write_text('["8362", "0521"')
-  with pytest.raises(DataFileError, match="test.json: malformed JSON"):
+  with pytest.raises(DataFileError, match="test.json:1: malformed JSON"):
     gn.ArBenchGNTask(path).load()
   path.write_text("[]")
   with pytest.raises(DataFileError, match="empty file"):
@@ -199,11 +208,7 @@ def test_twenty_questions_splits_and_demonstrations(tq_task):
       assert len(set(rows)) == len(rows) == 6  # every item identifiable
   assert len(keys) == 70
   for ex in test:
-    messages = tq_task.demonstration_messages(ex)
-    env = tq_task.make_environment(ex)
-    for team, reply in zip(messages[::2], messages[1::2]):
-      assert env.step(team["content"]).text == reply["content"]
-    assert env.done and env.verdict().correct
+    _replay_demonstration(tq_task, ex)
     assert base.score_text(tq_task, ex, tq_task.demonstration(ex)).correct
 
 

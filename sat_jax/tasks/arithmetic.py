@@ -1,10 +1,6 @@
 """Multi-digit arithmetic with a short column-wise worked answer.
 
-Also home of `SyntheticTask`, the shared base of the seeded generators
-(arithmetic, countdown, zebra): problems are drawn from a seeded RNG, each is
-assigned to train or test by `datasets.hash_split` of its canonical key (so
-the splits never overlap), and the splits are stored once as a TFDS
-array_record dataset and read back with grain.
+Problems are drawn, split and stored by `synthetic.SampledTask`.
 
 Worked-answer format (what `demonstration` writes and a tiny model learns):
 
@@ -20,108 +16,13 @@ of the second operand. The answer is read strictly from the last line of the
 form `Answer: <integer>`.
 """
 
-import abc
-import os
-import pathlib
 import random
 import re
 from typing import Any, Hashable, Sequence
 
 from sat_jax.tasks import base
-from sat_jax.tasks import datasets
 from sat_jax.tasks import registry
-
-SPLITS = ("train", "test")
-# Draws allowed per requested problem (duplicates and problems of the other
-# split are skipped) before the space is declared too small.
-_MAX_DRAWS_PER_PROBLEM = 200
-
-
-def default_data_dir() -> pathlib.Path:
-  """$SAT_JAX_DATA_DIR, else ~/.cache/sat_jax/tasks."""
-  env = os.environ.get("SAT_JAX_DATA_DIR")
-  if env:
-    return pathlib.Path(env)
-  return pathlib.Path.home() / ".cache" / "sat_jax" / "tasks"
-
-
-class SyntheticTask(base.Task, abc.ABC):
-  """A seeded generator of problems, stored as TFDS, split by `hash_split`.
-
-  Subclasses set `name`, implement `_draw(rng) -> (key, record)` and
-  `generator_config()`; `record` holds "prompt", "target" and "meta" (all
-  JSON-able), `key` is the canonical problem (equal keys = same problem).
-  """
-
-  def __init__(
-      self,
-      *,
-      seed: int = 0,
-      train_size: int = 1000,
-      test_size: int = 200,
-      test_fraction: float = 0.2,
-      data_dir: str | os.PathLike | None = None,
-  ):
-    for field, value in (("train_size", train_size), ("test_size", test_size)):
-      if not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"{self.name}: {field} must be an int >= 0, got {value!r}"
-        )
-    if not 0.0 < test_fraction < 1.0:
-      raise ValueError(
-          f"{self.name}: test_fraction must be in (0, 1), got {test_fraction}"
-      )
-    self.seed = int(seed)
-    self.split_sizes = {"train": train_size, "test": test_size}
-    self.test_fraction = float(test_fraction)
-    self.data_dir = pathlib.Path(data_dir or default_data_dir())
-    self._builder = None
-
-  @abc.abstractmethod
-  def generator_config(self) -> dict[str, Any]:
-    """The difficulty parameters (they key the stored dataset)."""
-
-  @abc.abstractmethod
-  def _draw(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
-    """One random problem: (canonical key, record without uid)."""
-
-  def records(self, split: str, count: int) -> list[dict[str, Any]]:
-    """`count` distinct problems of `split`, deterministic in the seed."""
-    rng = random.Random(f"{self.name}/{self.seed}/{split}")
-    out, seen, draws = [], set(), 0
-    budget = _MAX_DRAWS_PER_PROBLEM * (count + 1)
-    while len(out) < count:
-      draws += 1
-      if draws > budget:
-        raise ValueError(
-            f"{self.name}: found only {len(out)} distinct {split} problems of"
-            f" the {count} asked ({split}_size) with"
-            f" {self.generator_config()}; lower {split}_size or raise the"
-            " difficulty"
-        )
-      key, record = self._draw(rng)
-      if key in seen or datasets.hash_split(key, self.test_fraction) != split:
-        continue
-      seen.add(key)
-      out.append({"uid": f"{self.name}/{key}", **record})
-    return out
-
-  def load(self, split: str) -> list[base.Example]:
-    base.check_split(split, SPLITS)
-    if self._builder is None:
-      config = {
-          **self.generator_config(),
-          "seed": self.seed,
-          "test_fraction": self.test_fraction,
-      }
-      self._builder = datasets.prepare(
-          self.name, self.records, self.split_sizes, self.data_dir, config
-      )
-    return [
-        base.Example(r["uid"], r["prompt"], r["target"], r.get("meta", {}))
-        for r in datasets.load_records(self._builder, split)
-    ]
-
+from sat_jax.tasks import synthetic
 
 _ANSWER_RE = re.compile(r"^[ \t]*Answer:[ \t]*(-?\d+)[ \t]*$", re.MULTILINE)
 
@@ -177,7 +78,7 @@ _OPS = {
 
 
 @registry.register("arithmetic")
-class ArithmeticTask(SyntheticTask):
+class ArithmeticTask(synthetic.SampledTask):
   """`a op b` with both operands of exactly `digits` digits (0-9 for 1).
 
   Difficulty: `digits` and the allowed `operations` ("+", "-", "*"). For "-"

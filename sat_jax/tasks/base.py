@@ -7,7 +7,7 @@ implements `Task`. Team rollouts (`sat_jax.team`) and evaluation
   1. `task.load(split)` gives `Example`s; `example.prompt` is the user turn.
   2. The team talks; for a multi-turn task, `task.make_environment(example)`
      returns an `Environment` whose replies are put in the transcript between
-     team turns.
+     team turns (`sat_jax.tasks.episodes` has the shared turn budget).
   3. The team answer (per protocol) is scored with `score_text` (single-turn)
      or `environment.verdict()` (multi-turn). `task.answer_key` canonicalises
      answers for majority voting.
@@ -98,6 +98,19 @@ class Task(abc.ABC):
   def demonstration(self, example: Example) -> str:
     """A correct answer message for `example` (for supervised warm start)."""
     raise ValueError(f"task {self.name!r} provides no demonstrations")
+
+  def demonstration_messages(self, example: Example) -> list[dict[str, Any]]:
+    """A correct episode as chat messages (for supervised warm start).
+
+    The conversation after the system turn: the user prompt, then the team's
+    messages (assistant) and the environment's replies (user). This default
+    is the single-turn episode `[user: prompt, assistant: demonstration]`;
+    multi-turn tasks play a scripted episode instead.
+    """
+    return [
+        message("user", example.prompt),
+        message("assistant", self.demonstration(example)),
+    ]
 
 
 def score_text(task: Task, example: Example, text: str) -> Verdict:

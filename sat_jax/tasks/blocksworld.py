@@ -26,22 +26,20 @@ skipped.
 The synthetic task `blocksworld` draws random start and goal configurations
 of `num_blocks` blocks (named by PlanBench's colours), solves each by
 breadth-first search (so the reference plan is optimal and its length grades
-difficulty), and stores the problems with `datasets.prepare`. The goal is
-the set of `on` facts of the goal configuration, as in PlanBench.
+difficulty), and stores the problems as a `synthetic.SampledTask`. The goal
+is the set of `on` facts of the goal configuration, as in PlanBench.
 """
 
 import collections
 import dataclasses
 import hashlib
-import os
-import pathlib
 import random
 import re
 from typing import Any, Iterable, Iterator, Sequence
 
 from sat_jax.tasks import base
-from sat_jax.tasks import datasets
 from sat_jax.tasks import registry
+from sat_jax.tasks import synthetic
 
 Fact = tuple[str, ...]
 Action = tuple[str, ...]
@@ -229,14 +227,8 @@ def random_stacks(rng: random.Random, names: Sequence[str]) -> list[list[str]]:
   return stacks + [current]
 
 
-def default_data_dir() -> pathlib.Path:
-  """$SAT_JAX_DATA_DIR, else ~/.cache/sat_jax/tasks."""
-  env = os.environ.get("SAT_JAX_DATA_DIR")
-  return pathlib.Path(env or "~/.cache/sat_jax/tasks").expanduser()
-
-
 @registry.register("blocksworld")
-class BlocksworldTask(base.Task):
+class BlocksworldTask(synthetic.SampledTask):
   """Synthetic Blocksworld: write a plan from a start to a goal.
 
   Difficulty: `num_blocks`, and the optimal plan length kept in [min_steps,
@@ -252,11 +244,9 @@ class BlocksworldTask(base.Task):
       num_blocks: int = 4,
       min_steps: int = 2,
       max_steps: int | None = None,
-      seed: int = 0,
-      train_size: int = 1000,
+      *,
       test_size: int = 100,
-      test_fraction: float = 0.2,
-      data_dir: str | os.PathLike | None = None,
+      **kwargs,
   ):
     if not 2 <= num_blocks <= MAX_BLOCKS:
       raise ValueError(f"num_blocks must be in [2, {MAX_BLOCKS}]: {num_blocks}")
@@ -264,60 +254,40 @@ class BlocksworldTask(base.Task):
       raise ValueError(
           f"need 1 <= min_steps <= max_steps: {min_steps}, {max_steps}"
       )
-    if train_size < 0 or test_size < 0:
-      raise ValueError(f"split sizes must be >= 0: {train_size}, {test_size}")
-    datasets.hash_split("", test_fraction)  # validates the fraction
     self.names = COLORS[:num_blocks]
-    self.config = dict(
-        num_blocks=num_blocks, min_steps=min_steps, max_steps=max_steps,
-        seed=seed, test_fraction=test_fraction,
-    )  # fmt: skip
-    self.split_sizes = {"train": train_size, "test": test_size}
-    self.data_dir = pathlib.Path(data_dir) if data_dir else default_data_dir()
-    self._builder = None
+    self.min_steps, self.max_steps = min_steps, max_steps
+    super().__init__(test_size=test_size, **kwargs)
 
-  def _records(self, split: str, count: int) -> Iterator[dict[str, Any]]:
-    cfg = self.config
-    rng = random.Random(f"blocksworld/{cfg['seed']}/{split}")
-    seen: set[str] = set()
-    attempts, budget = 0, 200 * count + 2000
-    while len(seen) < count:
-      attempts += 1
-      if attempts > budget:
-        raise ValueError(
-            f"blocksworld: found only {len(seen)} of {count} distinct {split} "
-            f"problems with {cfg}; lower the split size or widen the range"
-        )
-      init = state_from_stacks(random_stacks(rng, self.names))
-      target = state_from_stacks(random_stacks(rng, self.names))
-      goal = sorted(f for f in target if f[0] == "on")
-      key = problem_key(init, goal)
-      if not goal or key in seen:
-        continue
-      if datasets.hash_split(key, cfg["test_fraction"]) != split:
-        continue
-      plan = optimal_plan(init, goal)
-      hi = cfg["max_steps"] if cfg["max_steps"] is not None else len(plan)
-      if not cfg["min_steps"] <= len(plan) <= hi:
-        continue
-      seen.add(key)
-      uid = hashlib.sha256(key.encode()).hexdigest()[:16]
-      yield {
-          "uid": f"bw{len(self.names)}-{uid}",
-          "init": sorted(list(f) for f in init),
-          "goal": [list(f) for f in goal],
-          "plan": [list(a) for a in plan],
-      }
+  def generator_config(self) -> dict[str, Any]:
+    return {
+        "num_blocks": len(self.names),
+        "min_steps": self.min_steps,
+        "max_steps": self.max_steps,
+    }
 
-  def load(self, split: str) -> list[base.Example]:
-    base.check_split(split, ("train", "test"))
-    if self._builder is None:
-      self._builder = datasets.prepare(
-          self.name, self._records, self.split_sizes, self.data_dir, self.config
-      )
-    return [
-        self._example(r) for r in datasets.load_records(self._builder, split)
-    ]
+  def _draw(self, rng: random.Random) -> tuple[str, tuple] | None:
+    init = state_from_stacks(random_stacks(rng, self.names))
+    target = state_from_stacks(random_stacks(rng, self.names))
+    goal = sorted(f for f in target if f[0] == "on")
+    return (problem_key(init, goal), (init, goal)) if goal else None
+
+  def _record(self, key: str, drawn: tuple) -> dict[str, Any] | None:
+    del key
+    init, goal = drawn
+    plan = optimal_plan(init, goal)
+    hi = self.max_steps if self.max_steps is not None else len(plan)
+    if not self.min_steps <= len(plan) <= hi:
+      return None
+    return {
+        "init": sorted(list(f) for f in init),
+        "goal": [list(f) for f in goal],
+        "plan": [list(a) for a in plan],
+    }
+
+  def _uid(self, key: str, index: int) -> str:
+    del index
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"bw{len(self.names)}-{digest}"
 
   def _example(self, record: dict[str, Any]) -> base.Example:
     init = frozenset(tuple(f) for f in record["init"])

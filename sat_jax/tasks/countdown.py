@@ -21,9 +21,9 @@ import random
 import re
 from typing import Any, Hashable
 
-from sat_jax.tasks import arithmetic
 from sat_jax.tasks import base
 from sat_jax.tasks import registry
+from sat_jax.tasks import synthetic
 
 MAX_EXPRESSION_CHARS = 200
 _MAX_TRIES = 10_000  # random combinations tried per drawn problem
@@ -97,7 +97,7 @@ _ANSWER_RE = re.compile(r"^[ \t]*Answer:[ \t]*(.+?)[ \t]*$", re.MULTILINE)
 
 
 @registry.register("countdown")
-class CountdownTask(arithmetic.SyntheticTask):
+class CountdownTask(synthetic.SampledTask):
   """Reach `target` from `num_numbers` numbers in [1, max_number].
 
   Difficulty: `num_numbers` (2-6) and `max_number`. The generator combines
@@ -202,27 +202,15 @@ class CountdownTask(arithmetic.SyntheticTask):
       return base.Verdict(0.0, False, answer, f"invalid expression: {e}")
     given = collections.Counter(example.target["numbers"])
     used_count = collections.Counter(used)
+    reason = ""
     if self.use_all and used_count != given:
-      return base.Verdict(
-          0.0,
-          False,
-          answer,
-          f"uses {sorted(used)}, must use {sorted(given.elements())}",
-      )
-    if not self.use_all and used_count - given:
-      return base.Verdict(
-          0.0,
-          False,
-          answer,
-          f"uses {sorted(used)}, only {sorted(given.elements())} given",
-      )
-    if value != example.target["target"]:
-      return base.Verdict(
-          0.0,
-          False,
-          answer,
-          f"evaluates to {value}, not {example.target['target']}",
-      )
+      reason = f"uses {sorted(used)}, must use {sorted(given.elements())}"
+    elif not self.use_all and used_count - given:
+      reason = f"uses {sorted(used)}, only {sorted(given.elements())} given"
+    elif value != example.target["target"]:
+      reason = f"evaluates to {value}, not {example.target['target']}"
+    if reason:
+      return base.Verdict(0.0, False, answer, reason)
     return base.Verdict(1.0, True, answer)
 
   def answer_key(self, answer: str) -> Hashable:

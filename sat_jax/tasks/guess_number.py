@@ -21,7 +21,7 @@ Feedback styles: "arbench" uses AR-Bench's wording ("x digits are present in
 the answer and in the correct positions, y digits are present in the answer
 but in the different positions"); "compact" ("x right place, y wrong place")
 says the same in fewer tokens for tiny models. Tasks: `guess_number`
-(synthetic targets through `datasets.prepare`, split by target) and
+(synthetic targets, a `synthetic.SyntheticTask` split by target) and
 `arbench_gn` (the AR-Bench test targets from `gn/test.json`, 25 turns).
 Multi-turn demonstrations: `demonstration_messages` plays a scripted policy
 that always guesses the first number consistent with all feedback so far.
@@ -29,18 +29,18 @@ that always guesses the first number consistent with all feedback so far.
 
 import functools
 import itertools
-import json
 import os
-import pathlib
 import random
 import re
 from typing import Any, Sequence
 
 from sat_jax.io_utils import DataFileError
 from sat_jax.tasks import base
-from sat_jax.tasks import blocksworld
 from sat_jax.tasks import datasets
+from sat_jax.tasks import episodes
+from sat_jax.tasks import files
 from sat_jax.tasks import registry
+from sat_jax.tasks import synthetic
 
 STYLES = ("arbench", "compact")
 ASK_FORMAT = "Your output does not follow this format: Guess: [number]."
@@ -97,49 +97,50 @@ def consistent(
   return [t for t in candidates if feedback(t, guess) == (x, y)]
 
 
-class GuessNumberEnv(base.Environment):
+class GuessNumberEnv(episodes.TurnBudgetEnv):
   """One game against a fixed target."""
+
+  kind = "guess_number"
+  turn_noun = "guesses"
+  final_hint = "Final answer: [number]"
 
   def __init__(self, target: str, max_turns: int, style: str = "arbench"):
     if style not in STYLES:
       raise ValueError(f"unknown feedback style {style!r}; expected {STYLES}")
-    if max_turns < 1:
-      raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-    self.target, self.max_turns, self.style = target, max_turns, style
-    self.reset()
+    self.target, self.style = target, style
+    super().__init__(max_turns)
 
   def reset(self) -> str | None:
     self.history: list[tuple[str, int, int]] = []  # (guess or "", x, y)
-    self.done = self.solved = self.awaiting_final = False
-    self.answer: str | None = None
-    return None
+    return super().reset()
 
-  def step(self, message: str) -> base.EnvReply:
-    if self.done:
-      raise RuntimeError("guess_number: step() called after the episode ended")
+  @property
+  def solved(self) -> bool:
+    return self.done and self.answer == self.target
+
+  def _final(self, message: str) -> str | None:
     n = len(self.target)
     final = extract_final(message, n)
-    if final is not None or self.awaiting_final:
-      self.answer = final if final is not None else extract_guess(message, n)
-      self.solved = self.answer == self.target
-      self.done = True
-      return base.EnvReply("Correct." if self.solved else "Wrong.", True)
+    if final is None and self.awaiting_final:
+      return extract_guess(message, n)
+    return final
+
+  def _closing(self) -> str:
+    return "Correct." if self.solved else "Wrong."
+
+  def _turn(self, message: str) -> str:
+    n = len(self.target)
     guess = extract_guess(message, n)
     if guess is None:
       self.history.append(("", 0, 0))
-      text = ASK_FORMAT
-    else:
-      x, y = feedback(self.target, guess)
-      self.history.append((guess, x, y))
-      self.answer = guess
-      text = feedback_text(x, y, self.style)
-      if x == n:
-        self.solved = self.done = True
-        return base.EnvReply(text + " Solved.", True)
-    if len(self.history) >= self.max_turns:
-      self.awaiting_final = True
-      text += " No guesses left. Reply with: Final answer: [number]"
-    return base.EnvReply(text, False)
+      return ASK_FORMAT
+    x, y = feedback(self.target, guess)
+    self.history.append((guess, x, y))
+    self.answer = guess
+    if x == n:
+      self.done = True
+      return feedback_text(x, y, self.style) + " Solved."
+    return feedback_text(x, y, self.style)
 
   def verdict(self) -> base.Verdict:
     if self.solved:
@@ -165,7 +166,7 @@ class _GuessNumberTask(base.Task):
   max_turns: int = 25
   style: str = "arbench"
 
-  def _example(self, uid: str, target: str) -> base.Example:
+  def _game(self, uid: str, target: str) -> base.Example:
     n, turns = self.num_digits, self.max_turns
     if self.style == "arbench":
       prompt = (
@@ -200,26 +201,31 @@ class _GuessNumberTask(base.Task):
     return GuessNumberEnv(example.target, self.max_turns, self.style)
 
   def demonstration_messages(self, example: base.Example) -> list[dict]:
-    """A scripted episode as chat messages (assistant = team, user = env)."""
+    """The prompt, then a scripted game (assistant = team, user = env)."""
     env = self.make_environment(example)
-    candidates, messages = all_targets(self.num_digits), []
-    while not env.done:
-      move = scripted_policy(candidates, env.awaiting_final)
-      reply = env.step(move)
-      if env.history and not env.done:
+    candidates = all_targets(self.num_digits)
+
+    def policy() -> str:
+      nonlocal candidates
+      if env.history:
         candidates = consistent(candidates, *env.history[-1])
-      messages.append(base.message("assistant", move))
-      if reply.text is not None:
-        messages.append(base.message("user", reply.text))
-    return messages
+      return scripted_policy(candidates, env.awaiting_final)
+
+    return episodes.scripted_episode(example.prompt, env, policy)
 
   def demonstration(self, example: base.Example) -> str:
     return f"Final answer: {example.target}"
 
 
 @registry.register("guess_number")
-class GuessNumberTask(_GuessNumberTask):
-  """Synthetic guess-the-number; difficulty = digits and turn budget."""
+class GuessNumberTask(_GuessNumberTask, synthetic.SyntheticTask):
+  """Synthetic guess-the-number; difficulty = digits and turn budget.
+
+  Every target of `num_digits` distinct digits is enumerated, shuffled by
+  the seed, and each split takes the first of its own (by `hash_split` of
+  the target); `max_turns` and `feedback_style` shape only the prompt and the
+  environment, so they do not key the stored data.
+  """
 
   name = "guess_number"
 
@@ -228,37 +234,27 @@ class GuessNumberTask(_GuessNumberTask):
       num_digits: int = 4,
       max_turns: int = 10,
       feedback_style: str = "compact",
-      seed: int = 0,
+      *,
       train_size: int = 2000,
-      test_size: int = 200,
-      test_fraction: float = 0.2,
-      data_dir: str | os.PathLike | None = None,
+      **kwargs,
   ):
     if not 2 <= num_digits <= 6:
       raise ValueError(f"num_digits must be in [2, 6], got {num_digits}")
     if feedback_style not in STYLES:
       raise ValueError(f"feedback_style must be one of {STYLES}")
-    if max_turns < 1 or train_size < 0 or test_size < 0:
-      raise ValueError(
-          "need max_turns >= 1 and split sizes >= 0, got "
-          f"{max_turns}, {train_size}, {test_size}"
-      )
-    datasets.hash_split("", test_fraction)  # validates the fraction
+    if max_turns < 1:
+      raise ValueError(f"guess_number: max_turns must be >= 1, got {max_turns}")
     self.num_digits, self.max_turns = num_digits, max_turns
     self.style = feedback_style
-    self.config = dict(
-        num_digits=num_digits, seed=seed, test_fraction=test_fraction
-    )
-    self.split_sizes = {"train": train_size, "test": test_size}
-    self.data_dir = (
-        pathlib.Path(data_dir) if data_dir else blocksworld.default_data_dir()
-    )
-    self._builder = None
+    super().__init__(train_size=train_size, **kwargs)
 
-  def _records(self, split: str, count: int) -> list[dict[str, Any]]:
+  def generator_config(self) -> dict[str, Any]:
+    return {"num_digits": self.num_digits}
+
+  def records(self, split: str, count: int) -> list[dict[str, Any]]:
     targets = list(all_targets(self.num_digits))
-    random.Random(f"guess_number/{self.config['seed']}").shuffle(targets)
-    frac = self.config["test_fraction"]
+    random.Random(f"guess_number/{self.seed}").shuffle(targets)
+    frac = self.test_fraction
     mine = [t for t in targets if datasets.hash_split(t, frac) == split]
     if len(mine) < count:
       raise ValueError(
@@ -269,39 +265,8 @@ class GuessNumberTask(_GuessNumberTask):
         {"uid": f"gn{self.num_digits}-{t}", "target": t} for t in mine[:count]
     ]
 
-  def load(self, split: str) -> list[base.Example]:
-    base.check_split(split, ("train", "test"))
-    if self._builder is None:
-      self._builder = datasets.prepare(
-          self.name, self._records, self.split_sizes, self.data_dir, self.config
-      )
-    records = datasets.load_records(self._builder, split)
-    return [self._example(r["uid"], r["target"]) for r in records]
-
-
-def resolve_path(
-    path: str | os.PathLike, relative: Sequence[str]
-) -> pathlib.Path:
-  """`path` itself if it is a file, else the first `path/<relative>` found."""
-  path = pathlib.Path(path).expanduser()
-  if path.is_file():
-    return path
-  for rel in relative:
-    if (path / rel).is_file():
-      return path / rel
-  raise DataFileError(f"{path}: no such file (also tried {list(relative)})")
-
-
-def read_json(path: pathlib.Path) -> Any:
-  try:
-    data = json.loads(path.read_text(encoding="utf-8"))
-  except json.JSONDecodeError as e:
-    raise DataFileError(f"{path}: malformed JSON ({e.msg}, line {e.lineno})")
-  if not data:
-    raise DataFileError(f"{path}: empty file (no items)")
-  if not isinstance(data, list):
-    raise DataFileError(f"{path}: expected a JSON list of items")
-  return data
+  def _example(self, record: dict[str, Any]) -> base.Example:
+    return self._game(record["uid"], record["target"])
 
 
 @registry.register("arbench_gn")
@@ -318,18 +283,18 @@ class ArBenchGNTask(_GuessNumberTask):
   ):
     if feedback_style not in STYLES:
       raise ValueError(f"feedback_style must be one of {STYLES}")
-    self.path = resolve_path(path, ("data/gn/test.json", "gn/test.json"))
+    self.path = files.find_file(path, ("data/gn/test.json", "gn/test.json"))
     self.max_turns, self.style = max_turns, feedback_style
 
   def load(self, split: str = "test") -> list[base.Example]:
     base.check_split(split, ("test",))
     examples = []
-    for i, target in enumerate(read_json(self.path)):
+    for i, target in enumerate(files.read_json_list(self.path)):
       ok = isinstance(target, str) and len(target) == self.num_digits
       if not (ok and target.isdigit() and len(set(target)) == len(target)):
         raise DataFileError(
             f"{self.path}: item {i}: expected a string of "
             f"{self.num_digits} distinct digits, got {target!r}"
         )
-      examples.append(self._example(f"arbench-gn-{i}", target))
+      examples.append(self._game(f"arbench-gn-{i}", target))
     return examples

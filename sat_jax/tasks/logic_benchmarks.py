@@ -3,9 +3,9 @@
 ZebraLogic records (HF `allenai/ZebraLogicBench-private`, grid_mode; .jsonl,
 .json list or .parquet): `id`, `size` ("3*4"), `puzzle` (text), `solution`
 `{"header": ["House", ...], "rows": [["1", ...], ...]}`. Scored as in
-ZeroEval (`zebra.ZebraScoring`): puzzle accuracy is the reward, cell accuracy
-an extra score. The public ZebraLogicBench masks every cell as "___": such
-files are refused.
+ZeroEval (`zebra_grid.GridScoring`): puzzle accuracy is the reward, cell
+accuracy an extra score. The public ZebraLogicBench masks every cell as
+"___": such files are refused.
 
 AutoLogi records (`testing-data/AutoLogi_{en,cn}.jsonl`): `idx`, `prompt`,
 `lang`, `code{Inputs_Check_code, Constraint_List_code, Traverse_code}`. The
@@ -33,9 +33,9 @@ from absl import logging
 
 from sat_jax import io_utils
 from sat_jax.tasks import base
-from sat_jax.tasks import math_benchmarks
+from sat_jax.tasks import files
 from sat_jax.tasks import registry
-from sat_jax.tasks import zebra
+from sat_jax.tasks import zebra_grid
 
 AUTOLOGI_TIMEOUT_S = 20.0
 _MEMORY_LIMIT_BYTES = 2 << 30
@@ -53,14 +53,7 @@ def _read_records(path: pathlib.Path, required: tuple[str, ...]) -> list[dict]:
 
     rows = pq.read_table(path).to_pylist()
   elif path.suffix == ".json":
-    try:
-      rows = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-      raise io_utils.DataFileError(
-          f"{path}:{e.lineno}: malformed JSON ({e.msg})"
-      ) from e
-    if not isinstance(rows, list):
-      raise io_utils.DataFileError(f"{path}: expected a JSON list of records")
+    rows = files.read_json_list(path)
   else:
     raise io_utils.DataFileError(
         f"{path}: unknown format (expected .jsonl, .json or .parquet)"
@@ -68,13 +61,7 @@ def _read_records(path: pathlib.Path, required: tuple[str, ...]) -> list[dict]:
   if not rows:
     raise io_utils.DataFileError(f"{path}: empty file (no records)")
   for i, row in enumerate(rows, start=1):
-    if not isinstance(row, dict):
-      raise io_utils.DataFileError(f"{path}: record {i} is not an object")
-    missing = [k for k in required if k not in row]
-    if missing:
-      raise io_utils.DataFileError(
-          f"{path}: record {i}: missing field(s) {missing}"
-      )
+    files.require_fields(row, required, f"{path}: record {i}")
   return rows
 
 
@@ -98,13 +85,13 @@ def _check_solution(solution: Any, where: str) -> dict[str, list]:
 
 
 @registry.register("zebralogic")
-class ZebraLogicTask(zebra.ZebraScoring, base.Task):
+class ZebraLogicTask(zebra_grid.GridScoring, base.Task):
   """ZebraLogic grid mode from a local file (test split only)."""
 
   name = "zebralogic"
 
   def __init__(self, path: str | os.PathLike | None = None):
-    self.path = math_benchmarks.resolve_path(path, self.name, "zebralogic")
+    self.path = files.benchmark_path(path, self.name, "zebralogic")
 
   def load(self, split: str = "test") -> list[base.Example]:
     base.check_split(split, ("test",))
@@ -114,7 +101,7 @@ class ZebraLogicTask(zebra.ZebraScoring, base.Task):
       table = _check_solution(row["solution"], f"{self.path}: record {i}")
       prompt = (
           f"{row['puzzle']}\n\nSolve the puzzle. End your answer with JSON"
-          f" in this format:\n{zebra.answer_format(table['header'])}"
+          f" in this format:\n{zebra_grid.answer_format(table['header'])}"
       )
       examples.append(
           base.Example(
@@ -130,26 +117,13 @@ class ZebraLogicTask(zebra.ZebraScoring, base.Task):
 _FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 
 
-def _last_balanced(text: str, open_ch: str, close_ch: str) -> str | None:
-  last, depth, start = None, 0, 0
-  for i, ch in enumerate(text):
-    if ch == open_ch:
-      if depth == 0:
-        start = i
-      depth += 1
-    elif ch == close_ch and depth > 0:
-      depth -= 1
-      if depth == 0:
-        last = text[start : i + 1]
-  return last
-
-
 def extract_autologi_answer(text: str) -> str | None:
   """Last fenced code block, else last `{...}`, else last `[...]`."""
   blocks = _FENCE_RE.findall(text)
   if blocks and blocks[-1].strip():
     return blocks[-1].strip()
-  return _last_balanced(text, "{", "}") or _last_balanced(text, "[", "]")
+  braces = zebra_grid.last_balanced(text, "{", "}")
+  return braces or zebra_grid.last_balanced(text, "[", "]")
 
 
 def parse_autologi_answer(answer: str) -> Any:
@@ -233,7 +207,7 @@ class AutoLogiTask(base.Task):
       path: str | os.PathLike | None = None,
       timeout_s: float = AUTOLOGI_TIMEOUT_S,
   ):
-    self.path = math_benchmarks.resolve_path(path, self.name, "autologi")
+    self.path = files.benchmark_path(path, self.name, "autologi")
     if not timeout_s > 0:
       raise ValueError(f"autologi: timeout_s must be > 0, got {timeout_s}")
     self.timeout_s = float(timeout_s)

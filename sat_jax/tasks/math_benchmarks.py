@@ -16,7 +16,6 @@ one they look under $SAT_JAX_BENCHMARKS (math500/, aime24/, aime25/).
 
 import functools
 import os
-import pathlib
 import re
 import threading
 from typing import Any, Hashable
@@ -27,6 +26,7 @@ import sympy
 
 from sat_jax import io_utils
 from sat_jax.tasks import base
+from sat_jax.tasks import files
 from sat_jax.tasks import registry
 
 MATH_TIMEOUT_S = 5
@@ -107,23 +107,6 @@ def integer_value(answer: str) -> int | None:
   return None
 
 
-def resolve_path(
-    path: str | os.PathLike | None, task: str, sub: str
-) -> pathlib.Path:
-  """The data file: `path` (a file, or a folder: its test.jsonl) or the
-  default $SAT_JAX_BENCHMARKS/`sub`/test.jsonl."""
-  if path is None:
-    root = os.environ.get("SAT_JAX_BENCHMARKS")
-    if not root:
-      raise ValueError(
-          f"{task}: give path= (a .jsonl file or its folder) or set"
-          " $SAT_JAX_BENCHMARKS"
-      )
-    path = pathlib.Path(root) / sub
-  path = pathlib.Path(path)
-  return path / "test.jsonl" if path.is_dir() or not path.suffix else path
-
-
 class _BoxedMathTask(base.Task):
   """A test-only benchmark of problems with a boxed final answer."""
 
@@ -131,7 +114,7 @@ class _BoxedMathTask(base.Task):
   uid_field = ""
 
   def __init__(self, path: str | os.PathLike | None = None):
-    self.path = resolve_path(path, self.name, self.subdir)
+    self.path = files.benchmark_path(path, self.name, self.subdir)
 
   def _validate(self, row: dict[str, Any], where: str) -> None:
     del row, where

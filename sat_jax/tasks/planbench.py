@@ -13,13 +13,12 @@ the PDDL objects with the encoding and checked against the instance's own
 initial state and goal; any valid plan counts, not only the reference. The
 check runs the action schemas parsed from the domain PDDL as STRIPS
 (preconditions, then delete and add lists), which is what VAL does on this
-domain. `mutation_counts` measures the validator on perturbed reference plans
+domain. `mutation_report` measures the validator on perturbed reference plans
 (results/planbench_validation.md).
 """
 
 import collections
 import itertools
-import json
 import pathlib
 from typing import Any, Iterable, Sequence
 
@@ -28,6 +27,7 @@ import yaml
 from sat_jax.io_utils import DataFileError
 from sat_jax.tasks import base
 from sat_jax.tasks import blocksworld
+from sat_jax.tasks import files
 from sat_jax.tasks import registry
 
 VARIANTS = ("blocksworld", "blocksworld_3")
@@ -74,12 +74,16 @@ def _conjunction(expr: Any, source: str) -> list[Fact]:
   return facts
 
 
+def _read_pddl(path: pathlib.Path) -> list:
+  if not path.is_file():
+    raise DataFileError(f"{path}: no such file")
+  return parse_sexpr(path.read_text(), str(path))
+
+
 def read_problem(path: str | pathlib.Path) -> dict[str, Any]:
   """{"objects", "init", "goal"} of a PDDL problem file."""
   path = pathlib.Path(path)
-  if not path.is_file():
-    raise DataFileError(f"{path}: no such file")
-  expr = parse_sexpr(path.read_text(), str(path))
+  expr = _read_pddl(path)
   init = _section(expr, ":init", str(path))[1:]
   goal = _section(expr, ":goal", str(path))
   if len(goal) != 2:
@@ -94,9 +98,7 @@ def read_problem(path: str | pathlib.Path) -> dict[str, Any]:
 def read_domain(path: str | pathlib.Path) -> dict[str, dict[str, Any]]:
   """Schemas {name: {"params", "pre", "add", "del"}} of a STRIPS domain."""
   path = pathlib.Path(path)
-  if not path.is_file():
-    raise DataFileError(f"{path}: no such file")
-  expr = parse_sexpr(path.read_text(), str(path))
+  expr = _read_pddl(path)
   actions = {}
   for item in expr:
     if not (isinstance(item, list) and item and item[0] == ":action"):
@@ -148,15 +150,6 @@ def simulate(
   return True, ""
 
 
-def _read_json(path: pathlib.Path) -> Any:
-  if not path.is_file():
-    raise DataFileError(f"{path}: no such file")
-  try:
-    return json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    raise DataFileError(f"{path}: malformed JSON ({e.msg}, line {e.lineno})")
-
-
 @registry.register("planbench")
 class PlanBenchTask(base.Task):
   """PlanBench Blocksworld plan generation; `path` is the plan-bench folder."""
@@ -194,20 +187,17 @@ class PlanBenchTask(base.Task):
 
   def load(self, split: str = "test") -> list[base.Example]:
     base.check_split(split, ("test",))
-    data = _read_json(self.prompts_path)
+    data = files.read_json(self.prompts_path)
     items = data.get("instances") if isinstance(data, dict) else None
     if not items:
       raise DataFileError(f"{self.prompts_path}: no 'instances' list")
     examples = []
     for i, item in enumerate(items):
-      missing = [
-          k for k in ("instance_id", "query", "ground_truth_plan")
-          if k not in item
-      ]  # fmt: skip
-      if missing:
-        raise DataFileError(
-            f"{self.prompts_path}: instance #{i}: missing field(s) {missing}"
-        )
+      files.require_fields(
+          item,
+          ("instance_id", "query", "ground_truth_plan"),
+          f"{self.prompts_path}: instance #{i}",
+      )
       problem = read_problem(self.instance_path(item["instance_id"]))
       examples.append(
           base.Example(

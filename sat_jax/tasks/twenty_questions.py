@@ -23,16 +23,15 @@ remaining candidates most evenly.
 """
 
 import json
-import os
-import pathlib
 import random
 import re
 from typing import Any, Mapping, Sequence
 
 from sat_jax.tasks import base
-from sat_jax.tasks import blocksworld
 from sat_jax.tasks import datasets
+from sat_jax.tasks import episodes
 from sat_jax.tasks import registry
+from sat_jax.tasks import synthetic
 
 VALUES = {
     "color": ("red", "blue", "green", "yellow", "black", "white"),
@@ -94,45 +93,38 @@ def answer(
   return None
 
 
-class TwentyQuestionsEnv(base.Environment):
+class TwentyQuestionsEnv(episodes.TurnBudgetEnv):
   """One game: find `hidden` among `items` ({name: {attribute: value}})."""
+
+  kind = "twenty_questions"
+  final_hint = "Final answer: [item]"
 
   def __init__(
       self, items: Mapping[str, Mapping[str, Any]], hidden: str, max_turns: int
   ):
     if hidden not in items:
       raise ValueError(f"hidden item {hidden!r} is not in the table")
-    if max_turns < 1:
-      raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-    self.items, self.hidden, self.max_turns = items, hidden, max_turns
-    self.reset()
+    self.items, self.hidden = items, hidden
+    super().__init__(max_turns)
 
   def reset(self) -> str | None:
     self.history: list[tuple[tuple | None, bool | None]] = []
-    self.done = self.awaiting_final = False
-    self.answer: str | None = None
-    return None
+    return super().reset()
 
-  def step(self, message: str) -> base.EnvReply:
-    if self.done:
-      raise RuntimeError("twenty_questions: step() after the episode ended")
-    final = extract_final(message)
-    if final is not None or self.awaiting_final:
-      self.answer, self.done = final, True
-      return base.EnvReply(
-          "Correct." if final == self.hidden else "Wrong.", True
-      )
+  def _final(self, message: str) -> str | None:
+    return extract_final(message)
+
+  def _closing(self) -> str:
+    return "Correct." if self.answer == self.hidden else "Wrong."
+
+  def _turn(self, message: str) -> str:
     question = last_question(message)
     truth = None
     if question is not None:
       row = self.items[self.hidden]
       truth = answer(question, row, self.hidden, list(self.items))
     self.history.append((question, truth))
-    text = FORMS if truth is None else ("Yes." if truth else "No.")
-    if len(self.history) >= self.max_turns:
-      self.awaiting_final = True
-      text += " No questions left. Reply with: Final answer: [item]"
-    return base.EnvReply(text, False)
+    return FORMS if truth is None else ("Yes." if truth else "No.")
 
   def verdict(self) -> base.Verdict:
     if self.answer == self.hidden:
@@ -173,8 +165,12 @@ def scripted_policy(
 
 
 @registry.register("twenty_questions")
-class TwentyQuestionsTask(base.Task):
-  """Synthetic question asking: identify the hidden item of a table."""
+class TwentyQuestionsTask(synthetic.SampledTask):
+  """Synthetic question asking: identify the hidden item of a table.
+
+  `max_turns` shapes only the prompt and the environment, so it does not key
+  the stored data.
+  """
 
   name = "twenty_questions"
 
@@ -183,11 +179,9 @@ class TwentyQuestionsTask(base.Task):
       num_items: int = 6,
       num_attributes: int = 3,
       max_turns: int = 6,
-      seed: int = 0,
+      *,
       train_size: int = 2000,
-      test_size: int = 200,
-      test_fraction: float = 0.2,
-      data_dir: str | os.PathLike | None = None,
+      **kwargs,
   ):
     if not 2 <= num_items <= len(NAMES):
       raise ValueError(f"num_items must be in [2, {len(NAMES)}]: {num_items}")
@@ -195,12 +189,10 @@ class TwentyQuestionsTask(base.Task):
       raise ValueError(
           f"num_attributes must be in [1, {len(ATTRIBUTES)}]: {num_attributes}"
       )
-    if max_turns < 1 or train_size < 0 or test_size < 0:
+    if max_turns < 1:
       raise ValueError(
-          "need max_turns >= 1 and split sizes >= 0, got "
-          f"{max_turns}, {train_size}, {test_size}"
+          f"twenty_questions: max_turns must be >= 1, got {max_turns}"
       )
-    datasets.hash_split("", test_fraction)  # validates the fraction
     self.attributes = ATTRIBUTES[:num_attributes]
     distinct = 1
     for attr in self.attributes:
@@ -210,53 +202,29 @@ class TwentyQuestionsTask(base.Task):
           f"{num_attributes} attribute(s) give only {distinct} distinct rows, "
           f"fewer than num_items={num_items}"
       )
-    self.max_turns = max_turns
-    self.config = dict(
-        num_items=num_items, num_attributes=num_attributes, seed=seed,
-        test_fraction=test_fraction,
-    )  # fmt: skip
-    self.split_sizes = {"train": train_size, "test": test_size}
-    self.data_dir = (
-        pathlib.Path(data_dir) if data_dir else blocksworld.default_data_dir()
-    )
-    self._builder = None
+    self.num_items, self.max_turns = num_items, max_turns
+    super().__init__(train_size=train_size, **kwargs)
 
-  def _records(self, split: str, count: int) -> list[dict[str, Any]]:
-    cfg = self.config
-    rng = random.Random(f"twenty_questions/{cfg['seed']}/{split}")
-    records, seen, attempts = [], set(), 0
-    while len(records) < count:
-      attempts += 1
-      if attempts > 100 * count + 1000:
-        raise ValueError(
-            f"twenty_questions: found only {len(records)} of {count} "
-            f"distinct {split} problems with {cfg}"
-        )
-      names = rng.sample(NAMES, cfg["num_items"])
-      rows: set[tuple] = set()
-      while len(rows) < len(names):
-        rows.add(tuple(rng.choice(VALUES[a]) for a in self.attributes))
-      table = [
-          [n, *r] for n, r in zip(names, rng.sample(sorted(rows), len(rows)))
-      ]
-      hidden = rng.choice(names)
-      key = json.dumps([sorted(table), hidden])
-      if key in seen or datasets.hash_split(key, cfg["test_fraction"]) != split:
-        continue
-      seen.add(key)
-      uid = f"tq-{len(seen)}-{datasets.config_key({'k': key})}"
-      records.append({"uid": uid, "table": table, "hidden": hidden})
-    return records
+  def generator_config(self) -> dict[str, Any]:
+    return {
+        "num_items": self.num_items,
+        "num_attributes": len(self.attributes),
+    }
 
-  def load(self, split: str) -> list[base.Example]:
-    base.check_split(split, ("train", "test"))
-    if self._builder is None:
-      self._builder = datasets.prepare(
-          self.name, self._records, self.split_sizes, self.data_dir, self.config
-      )
-    return [
-        self._example(r) for r in datasets.load_records(self._builder, split)
+  def _draw(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
+    names = rng.sample(NAMES, self.num_items)
+    rows: set[tuple] = set()
+    while len(rows) < len(names):
+      rows.add(tuple(rng.choice(VALUES[a]) for a in self.attributes))
+    table = [
+        [n, *r] for n, r in zip(names, rng.sample(sorted(rows), len(rows)))
     ]
+    hidden = rng.choice(names)
+    key = json.dumps([sorted(table), hidden])
+    return key, {"table": table, "hidden": hidden}
+
+  def _uid(self, key: str, index: int) -> str:
+    return f"tq-{index}-{datasets.config_key({'k': key})}"
 
   def items(self, example: base.Example) -> dict[str, dict[str, Any]]:
     return {
@@ -292,21 +260,21 @@ class TwentyQuestionsTask(base.Task):
     )
 
   def demonstration_messages(self, example: base.Example) -> list[dict]:
-    """A scripted episode as chat messages (assistant = team, user = oracle)."""
+    """The prompt, then a scripted game (assistant = team, user = oracle)."""
     env = self.make_environment(example)
-    items, candidates, messages = env.items, list(env.items), []
-    while not env.done:
-      move = scripted_policy(items, candidates, env.awaiting_final)
-      reply = env.step(move)
-      messages.append(base.message("assistant", move))
-      messages.append(base.message("user", reply.text))
+    items, candidates = env.items, list(env.items)
+
+    def policy() -> str:
+      nonlocal candidates
       question, truth = env.history[-1] if env.history else (None, None)
-      if not env.done and truth is not None:
+      if truth is not None:
         candidates = [
             c for c in candidates
             if answer(question, items[c], c, list(items)) == truth
         ]  # fmt: skip
-    return messages
+      return scripted_policy(items, candidates, env.awaiting_final)
+
+    return episodes.scripted_episode(example.prompt, env, policy)
 
   def demonstration(self, example: base.Example) -> str:
     return f"Final answer: {example.target['hidden']}"
