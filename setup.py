@@ -29,7 +29,13 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
     # torch only for the logits-parity tests and the PyTorch benchmarks.
     # Exactly this pin: anything else pulls a multi-GB CUDA build.
-    "test": ["pytest==9.2.0", "chex==0.1.92", "torch==2.13.0", "pyink==26.5.1"],
+    "test": [
+        "pytest==9.2.0",
+        "chex==0.1.92",
+        "torch==2.13.0",
+        "pyink==26.5.1",
+        "scipy>=1.11",
+    ],
 }
 EXTRAS_REQUIRE["bench"] = EXTRAS_REQUIRE["test"] + ["trl==1.16.0"]
 

@@ -19,6 +19,10 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
   try:
+    # mkstemp creates 0600 files; give the result the usual umask-based mode.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
     with os.fdopen(fd, "wb") as f:
       f.write(data)
       f.flush()

@@ -51,3 +51,14 @@ def test_majority_ties_go_to_earliest():
   assert base.majority(["c", "a", "a", "b"]) == 1
   with pytest.raises(ValueError):
     base.majority([])
+
+
+def test_atomic_write_uses_umask_mode(tmp_path):
+  import os  # pylint: disable=g-import-not-at-top
+
+  old = os.umask(0o022)
+  try:
+    io_utils.atomic_write_text(tmp_path / "f.txt", "x")
+  finally:
+    os.umask(old)
+  assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o644

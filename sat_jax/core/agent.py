@@ -1,0 +1,135 @@
+"""The agent protocol, the per-agent training state and the team state.
+
+An agent is a static, hashable object (a frozen dataclass holding only its
+architecture: an LM's ModelConfig and temperature, or a table's shape) whose
+methods are pure functions of parameters and inputs:
+
+  token_logprobs(params, inputs) -> logp_ExT
+      log pi(a_t | s_t) of the given action at every position t.
+  state_kl(params_new, params_old, inputs) -> kl_ExT
+      the exact KL(pi_new(.|s_t) || pi_old(.|s_t)) over the whole action set
+      at the state of every position t, aligned with token_logprobs and
+      differentiable w.r.t. params_new (it is the penalty term).
+
+Positions where the agent does not act may hold anything finite: the team
+batch masks them out. Sampling is the rollout's business (see
+`sat_jax.toy` for a tabular example); the SAT core never samples.
+
+The team state is a tuple with one `AgentState` per agent. Only the agent
+being updated enters its jitted update; the others reach it through arrays
+(advantages, truncated weights) precomputed from the batch.
+"""
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from flax import struct
+import jax
+import numpy as np
+import optax
+
+from sat_jax.core import config as config_lib
+
+PyTree = Any
+
+
+@runtime_checkable
+class Agent(Protocol):
+  """What the SAT core needs from an agent (see the module docstring)."""
+
+  def token_logprobs(self, params: PyTree, inputs: PyTree) -> jax.Array:
+    ...
+
+  def state_kl(
+      self, params_new: PyTree, params_old: PyTree, inputs: PyTree
+  ) -> jax.Array:
+    ...
+
+
+@struct.dataclass
+class AgentState:
+  """One agent's trainable state: params, optimizer state, beta and delta."""
+
+  params: PyTree
+  opt_state: PyTree
+  beta: jax.Array  # float32 scalar: KL-penalty coefficient, adapted online
+  delta: jax.Array  # float32 scalar: per-state KL radius delta_i
+
+
+TeamState = tuple[AgentState, ...]
+
+
+def make_optimizer(
+    cfg: config_lib.OptimizerConfig,
+) -> optax.GradientTransformation:
+  """The optax chain of one agent: [global-norm clip] then the optimizer."""
+  if cfg.name == "adamw":
+    opt = optax.adamw(
+        cfg.learning_rate,
+        cfg.b1,
+        cfg.b2,
+        cfg.eps,
+        weight_decay=cfg.weight_decay,
+    )
+  elif cfg.name == "adam":
+    opt = optax.adam(cfg.learning_rate, cfg.b1, cfg.b2, cfg.eps)
+  else:
+    opt = optax.sgd(cfg.learning_rate)
+  if cfg.grad_clip is None:
+    return opt
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt)
+
+
+def check_agents(agents: Sequence[Any]) -> None:
+  """Raises TypeError unless every agent is hashable and has both methods."""
+  for i, agent in enumerate(agents):
+    if not isinstance(agent, Agent):
+      raise TypeError(
+          f"agent {i} ({type(agent).__name__}) lacks token_logprobs/state_kl"
+      )
+    try:
+      hash(agent)
+    except TypeError as e:
+      raise TypeError(
+          f"agent {i} ({type(agent).__name__}) is not hashable: agents are "
+          "static jit arguments (use a frozen dataclass)"
+      ) from e
+
+
+def init_team(
+    agents: Sequence[Any],
+    params: Sequence[PyTree],
+    cfg: config_lib.SATConfig,
+) -> TeamState:
+  """Builds the team state: optimizer state, beta_init and delta per agent."""
+  check_agents(agents)
+  if len(params) != len(agents):
+    raise ValueError(
+        f"{len(params)} parameter sets for a team of {len(agents)} agents"
+    )
+  if cfg.method == "single" and cfg.single_agent >= len(agents):
+    raise ValueError(
+        f"single_agent={cfg.single_agent} exceeds the team of {len(agents)}"
+    )
+  # Jitted so that the optimizer state follows the params' placement and no
+  # implicit host transfer happens (the code runs under transfer_guard).
+  opt_init = jax.jit(make_optimizer(cfg.update.optimizer).init)
+  deltas = cfg.agent_deltas(len(agents))
+  return tuple(
+      AgentState(
+          params=p,
+          opt_state=opt_init(p),
+          beta=scalar(cfg.beta_init),
+          delta=scalar(d),
+      )
+      for p, d in zip(params, deltas)
+  )
+
+
+def scalar(x: float) -> jax.Array:
+  """A float32 device scalar, transferred explicitly."""
+  return jax.device_put(np.float32(x))
+
+
+def team_params(team: TeamState) -> tuple[PyTree, ...]:
+  """The parameters of every agent, in team order (what rollouts need)."""
+  return tuple(state.params for state in team)

@@ -1,0 +1,92 @@
+"""The per-agent trust region: quantile-KL monitor, backtracking, rejection.
+
+Each try runs the jitted `update_agent` from the *kept* pre-update state (its
+params and optimizer state are never donated or mutated), so restoring is
+exact: the next try starts from the same arrays, bitwise, with the same
+minibatch order (the same key), so that a retry differs from the previous
+try only through beta and the step scale. After a violating try,
+beta_j <- min(beta_j * beta_raise, beta_max) and, if `backtrack_step_scale`
+< 1, the step is scaled by it (step halving at 0.5). Because the exact KL has
+zero gradient at the restored point, raising beta only changes a try with
+more than one inner step; SATConfig rejects the setting where it could not.
+With Adam, raising beta does not reliably shrink the step (Adam normalises
+the gradient scale); step halving does, so use it for small radii.
+
+If all 1 + max_backtracks tries violate, the update is rejected: the agent
+keeps its pre-update params and optimizer state (the very same arrays); a
+violating update is never kept. beta follows config.py's rule.
+"""
+
+from typing import Any
+
+import jax
+
+from sat_jax.core import agent as agent_lib
+from sat_jax.core import batch as batch_lib
+from sat_jax.core import config as config_lib
+from sat_jax.core import objective
+
+Metrics = dict[str, Any]
+
+
+def update_with_backtracking(
+    agent: agent_lib.Agent,
+    state: agent_lib.AgentState,
+    view: batch_lib.AgentView,
+    adv_E: jax.Array,
+    c_E: jax.Array,
+    key: jax.Array,
+    cfg: config_lib.SATConfig,
+) -> tuple[agent_lib.AgentState, Metrics]:
+  """Tries the update until the KL quantile is within delta, or rejects it.
+
+  Returns the new state and a flat dict of (device) scalars: accepted, tries,
+  beta (of the last try), the last try's monitor metrics, the first try's
+  violation rate, and num_states / num_own_episodes of the agent.
+  """
+  beta = float(jax.device_get(state.beta))
+  step_scale = 1.0
+  first_violation_rate = None
+  for attempt in range(cfg.max_backtracks + 1):
+    last_beta = beta
+    params, opt_state, metrics = objective.update_agent(
+        agent,
+        cfg.update,
+        state.params,
+        state.opt_state,
+        state.params,  # the KL reference: this agent's stage-start params
+        agent_lib.scalar(beta),
+        agent_lib.scalar(step_scale),
+        state.delta,
+        view,
+        adv_E,
+        c_E,
+        key,
+    )
+    if first_violation_rate is None:
+      first_violation_rate = metrics["violation_rate"]
+    # The one device scalar the host reads per try.
+    accepted = not bool(jax.device_get(metrics.pop("violated")))
+    if accepted:
+      break
+    beta = min(beta * cfg.beta_raise, cfg.beta_max)
+    step_scale *= cfg.backtrack_step_scale
+  tries = attempt + 1
+  record = dict(
+      metrics,
+      accepted=accepted,
+      tries=tries,
+      first_violation_rate=first_violation_rate,
+  )
+  if accepted:
+    record["beta"] = beta
+    if tries == 1:
+      beta = max(cfg.beta_init, beta / cfg.beta_decay)
+    new_state = state.replace(
+        params=params, opt_state=opt_state, beta=agent_lib.scalar(beta)
+    )
+  else:
+    record["beta"] = last_beta
+    record["surrogate_gain"] = 0.0
+    new_state = state.replace(beta=agent_lib.scalar(beta))
+  return new_state, record

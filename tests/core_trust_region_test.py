@@ -1,0 +1,169 @@
+"""Backtracking restores params and optimizer state bitwise; rejects cleanly."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sat_jax.core import advantage
+from sat_jax.core import agent as agent_lib
+from sat_jax.core import config as C
+from sat_jax.core import objective
+from sat_jax.core import trust_region
+from sat_jax.toy import games
+from sat_jax.toy import tabular
+
+GAME = games.climbing_game()
+
+
+def _cfg(beta_init=0.05, **kw):
+  update = C.UpdateConfig(
+      epochs=3,
+      minibatches=2,
+      optimizer=C.OptimizerConfig("adam", 0.05, grad_clip=None),
+  )
+  return C.SATConfig(update=update, beta_init=beta_init, **kw)
+
+
+def _setup(cfg, seed=0):
+  rng = np.random.default_rng(seed)
+  logits = [rng.normal(size=(1, 3)) for _ in GAME.agents]
+  team = agent_lib.init_team(GAME.agents, GAME.init_params(logits), cfg)
+  batch = GAME.rollout_fn(4, 8)(
+      agent_lib.team_params(team), jax.random.key(seed)
+  )
+  adv = advantage.sequence_advantages(
+      batch.reward_E,
+      batch.group_E,
+      jnp.zeros(32),
+      num_groups=4,
+      a_clip=5.0,
+      std_eps=1e-6,
+  )
+  return team[0], batch.views[0], adv
+
+
+def _leaves_equal(a, b):
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  return len(la) == len(lb) and all(
+      np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)
+  )
+
+
+def test_rejected_update_leaves_the_agent_bitwise_unchanged():
+  cfg = _cfg(delta=1e-12, max_backtracks=3)
+  state, view, adv = _setup(cfg)
+  new, rec = trust_region.update_with_backtracking(
+      GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(1), cfg
+  )
+  assert not rec["accepted"] and rec["tries"] == 4
+  assert float(rec["kl_quantile"]) > 1e-12
+  assert _leaves_equal(new.params, state.params)
+  assert _leaves_equal(new.opt_state, state.opt_state)
+  np.testing.assert_allclose(float(new.beta), 0.05 * 1.5**4, rtol=1e-6)
+  assert float(rec["surrogate_gain"]) == 0.0
+
+
+def _try_scaled(cfg, state, view, adv, beta, scale, key):
+  return objective.update_agent(
+      GAME.agents[0],
+      cfg.update,
+      state.params,
+      state.opt_state,
+      state.params,
+      jnp.asarray(beta, jnp.float32),
+      jnp.asarray(scale, jnp.float32),
+      state.delta,
+      view,
+      adv.adv_E,
+      adv.c_E,
+      key,
+  )
+
+
+def test_raising_beta_changes_the_retried_step():
+  cfg = _cfg(beta_init=2.0)
+  state, view, adv = _setup(cfg)
+  key = jax.random.key(2)
+  p1, _, _ = _try_scaled(cfg, state, view, adv, 2.0, 1.0, key)
+  p2, _, _ = _try_scaled(cfg, state, view, adv, 3.0, 1.0, key)
+  assert not np.array_equal(np.asarray(p1), np.asarray(p2))
+
+
+def test_backtrack_restores_params_and_optimizer_state():
+  cfg = _cfg(backtrack_step_scale=0.5)
+  state, view, adv = _setup(cfg)
+  key = jax.random.key(2)
+  _, _, m1 = _try_scaled(cfg, state, view, adv, 0.05, 1.0, key)
+  p2, o2, m2 = _try_scaled(cfg, state, view, adv, 0.05 * 1.5, 0.5, key)
+  q1, q2 = float(m1["kl_quantile"]), float(m2["kl_quantile"])
+  assert q2 < q1  # a halved step moves less
+  state = state.replace(delta=jnp.float32(0.5 * (q1 + q2)))
+  new, rec = trust_region.update_with_backtracking(
+      GAME.agents[0], state, view, adv.adv_E, adv.c_E, key, cfg
+  )
+  assert rec["accepted"] and rec["tries"] == 2
+  # Try 2 started from the restored pre-update state: bitwise the same as a
+  # fresh try from it, including Adam's moments and step count.
+  assert _leaves_equal(new.params, p2)
+  assert _leaves_equal(new.opt_state, o2)
+  counts = [x for x in jax.tree.leaves(new.opt_state) if x.dtype == jnp.int32]
+  assert [int(x) for x in counts] == [cfg.update.num_steps]
+  np.testing.assert_allclose(float(new.beta), 0.05 * 1.5, rtol=1e-6)
+
+
+def test_accepted_updates_never_violate():
+  for seed in range(4):
+    for delta in (3e-4, 3e-3, 3e-2):
+      cfg = _cfg(delta=delta, max_backtracks=2)
+      state, view, adv = _setup(cfg, seed)
+      new, rec = trust_region.update_with_backtracking(
+          GAME.agents[0],
+          state,
+          view,
+          adv.adv_E,
+          adv.c_E,
+          jax.random.key(seed),
+          cfg,
+      )
+      kl = float(tabular.TabularAgent.kl_per_state(new.params, state.params)[0])
+      if rec["accepted"]:
+        assert kl <= delta * (1 + 1e-5)
+      else:
+        assert kl == 0.0
+
+
+def test_beta_decays_after_a_first_try_acceptance():
+  cfg = _cfg(delta=10.0)
+  state, view, adv = _setup(cfg)
+  state = state.replace(beta=jnp.float32(0.3))
+  new, rec = trust_region.update_with_backtracking(
+      GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(0), cfg
+  )
+  assert rec["accepted"] and rec["tries"] == 1
+  np.testing.assert_allclose(float(new.beta), 0.3 / 1.5, rtol=1e-6)
+  low = state.replace(beta=jnp.float32(0.06))
+  new, _ = trust_region.update_with_backtracking(
+      GAME.agents[0], low, view, adv.adv_E, adv.c_E, jax.random.key(0), cfg
+  )
+  np.testing.assert_allclose(float(new.beta), 0.05, rtol=1e-6)  # beta_init
+
+
+class _NanKL(tabular.TabularAgent):
+  """A broken agent: its KL is NaN wherever the policy moved."""
+
+  def state_kl(self, params_new, params_old, inputs):
+    kl = super().state_kl(params_new, params_old, inputs)
+    return jnp.where(kl > 0, jnp.nan, kl)
+
+
+def test_a_nan_kl_is_a_violation_and_beta_is_capped():
+  cfg = _cfg(delta=1.0, max_backtracks=2, beta_max=0.06)
+  state, view, adv = _setup(cfg)
+  agent = _NanKL(1, 3)
+  new, rec = trust_region.update_with_backtracking(
+      agent, state, view, adv.adv_E, adv.c_E, jax.random.key(0), cfg
+  )
+  assert not rec["accepted"] and np.isnan(float(rec["kl_quantile"]))
+  assert _leaves_equal(new.params, state.params)
+  assert float(new.beta) == pytest.approx(0.06)  # 0.05 * 1.5^3, capped
