@@ -1,0 +1,188 @@
+"""Decoder building blocks: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Shape letters: B batch, T query time, S key slots, D model dim, H query heads,
+K kv heads, G = H / K query heads per kv head, Hd head dim, F mlp dim.
+
+Precision: matmuls run in the parameter dtype with float32 accumulation
+(`preferred_element_type`); norms, RoPE and the softmax run in float32, and
+results are cast back to the activation dtype. With float32 params everything
+is float32.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sat_jax import sharding
+from sat_jax.models import config as config_lib
+
+# A finite "minus infinity": a query row whose keys are all masked (a padding
+# query) gets a uniform softmax instead of NaNs, so gradients stay finite.
+_MASKED = -1e30
+
+# Logical names of the main activations (sat_jax/sharding.py rules).
+_EMBED = ("batch", "length", "act_embed")
+_MLP = ("batch", "length", "act_mlp")
+_HEADS = ("batch", "length", "act_heads", None)
+_KV_HEADS = ("batch", "act_kv_heads", "length", None)
+
+
+def lead(w: jax.Array, ndim: int) -> jax.Array:
+  """`w` with leading unit axes up to `ndim` (explicit broadcasting)."""
+  return w.reshape((1,) * (ndim - w.ndim) + w.shape)
+
+
+def dot(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
+  """einsum in the input dtype with float32 accumulation."""
+  out = jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+  return out.astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """y = scale * x / sqrt(mean(x^2) + eps), the mean over the last axis."""
+  xf = x.astype(jnp.float32)
+  var = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
+  return lead(scale, x.ndim) * (xf * jax.lax.rsqrt(var + eps)).astype(x.dtype)
+
+
+def rope_inv_freq(config: config_lib.ModelConfig) -> np.ndarray:
+  """Inverse RoPE frequencies f_i = theta^(-2i / Hd), scaled if configured.
+
+  Computed in float32 with numpy, in the same order of operations as
+  transformers, so that positions map to the same angles.
+  """
+  hd = config.head_dim
+  exponent = np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / hd
+  inv_freq = (1.0 / (np.float32(config.rope_theta) ** exponent)).astype(
+      np.float32
+  )
+  s = config.rope_scaling
+  if s is None:
+    return inv_freq
+  old_len = s.original_max_position_embeddings
+  low_wavelen = old_len / s.low_freq_factor
+  high_wavelen = old_len / s.high_freq_factor
+  wavelen = 2 * math.pi / inv_freq
+  scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+  smooth = (old_len / wavelen - s.low_freq_factor) / (
+      s.high_freq_factor - s.low_freq_factor
+  )
+  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(
+    config: config_lib.ModelConfig, positions_BxT: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """cos and sin of the angles p * f_i, each [B, T, Hd / 2], float32."""
+  inv_freq = jnp.asarray(rope_inv_freq(config))
+  angles = positions_BxT.astype(jnp.float32)[..., None] * inv_freq[None, None]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_BxTxNxHd: jax.Array, cos: jax.Array, sin: jax.Array):
+  """Rotates (x1, x2) = halves of the head dim by the position angles.
+
+  (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin): the "rotate half" layout
+  of the Hugging Face checkpoints.
+  """
+  x1, x2 = jnp.split(x_BxTxNxHd.astype(jnp.float32), 2, axis=-1)
+  c, s = cos[:, :, None, :], sin[:, :, None, :]
+  out = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+  return out.astype(x_BxTxNxHd.dtype)
+
+
+def attention(
+    q_BxTxHxHd: jax.Array,
+    k_BxKxSxHd: jax.Array,
+    v_BxKxSxHd: jax.Array,
+    allowed_BxTxS: jax.Array,
+) -> jax.Array:
+  """softmax(q k^T / sqrt(Hd) + mask) v with K kv heads shared by G queries.
+
+  Keys and values are in the cache's head-major [B, K, S, Hd] layout, so the
+  two einsums batch over (b, k) with no transpose of the keys; the G query
+  heads of a kv head are folded into the query rows, so keys and values are
+  never repeated G times. `allowed_BxTxS` carries both causality and
+  padding, which makes left padding, right padding and the KV cache one
+  code path. Plain einsums rather than `jax.nn.dot_product_attention`: the
+  masks here are arbitrary [B, T, S] patterns, and on CPU (where this runs
+  most) the XLA path is what that function would use anyway. Returns
+  [B, T, H, Hd].
+  """
+  b, t, h, hd = q_BxTxHxHd.shape
+  k = k_BxKxSxHd.shape[1]
+  g = h // k
+  q_BxKxQxHd = (
+      q_BxTxHxHd.reshape(b, t, k, g, hd)
+      .transpose(0, 2, 3, 1, 4)
+      .reshape(b, k, g * t, hd)
+  )
+  scores_BxKxQxS = jnp.einsum(
+      "bkqd,bksd->bkqs",
+      q_BxKxQxHd,
+      k_BxKxSxHd,
+      preferred_element_type=jnp.float32,
+  ) * (hd**-0.5)
+  allowed_BxQxS = jnp.tile(allowed_BxTxS, (1, g, 1))
+  scores_BxKxQxS = jnp.where(allowed_BxQxS[:, None], scores_BxKxQxS, _MASKED)
+  probs = jax.nn.softmax(scores_BxKxQxS, axis=-1).astype(v_BxKxSxHd.dtype)
+  out = jnp.einsum(
+      "bkqs,bksd->bkqd", probs, v_BxKxSxHd, preferred_element_type=jnp.float32
+  )
+  out = out.astype(q_BxTxHxHd.dtype).reshape(b, k, g, t, hd)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
+
+
+def qkv(
+    config: config_lib.ModelConfig,
+    lp: dict,
+    x_BxTxD: jax.Array,
+    cos: jax.Array,
+    sin: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Pre-norm, projections (+ bias, + q/k norm), RoPE on q and k.
+
+  Returns q [B, T, H, Hd] and k, v in the head-major [B, K, T, Hd] layout.
+  """
+  h = rms_norm(x_BxTxD, lp["attn_norm"], config.rms_norm_eps)
+  q = dot("btd,dnh->btnh", h, lp["q_proj"])
+  k = dot("btd,dnh->btnh", h, lp["k_proj"])
+  v = dot("btd,dnh->btnh", h, lp["v_proj"])
+  if config.qkv_bias:
+    q = q + lead(lp["q_bias"], 4)
+    k = k + lead(lp["k_bias"], 4)
+    v = v + lead(lp["v_bias"], 4)
+  if config.qk_norm:
+    q = rms_norm(q, lp["q_norm"], config.rms_norm_eps)
+    k = rms_norm(k, lp["k_norm"], config.rms_norm_eps)
+  q = sharding.shard(apply_rope(q, cos, sin), _HEADS)
+  k = sharding.shard(apply_rope(k, cos, sin).transpose(0, 2, 1, 3), _KV_HEADS)
+  v = sharding.shard(v.transpose(0, 2, 1, 3), _KV_HEADS)
+  return q, k, v
+
+
+def attn_out_and_mlp(
+    config: config_lib.ModelConfig,
+    lp: dict,
+    x_BxTxD: jax.Array,
+    attn_BxTxHxHd: jax.Array,
+) -> jax.Array:
+  """Residual output projection, then the residual SwiGLU MLP.
+
+  x += o(attn); x += W_down (silu(W_gate h) * W_up h), h = RMSNorm(x).
+  """
+  x = x_BxTxD + dot("btnh,nhd->btd", attn_BxTxHxHd, lp["o_proj"])
+  x = sharding.shard(x, _EMBED)
+  h = rms_norm(x, lp["mlp_norm"], config.rms_norm_eps)
+  spec = "btd,df->btf"
+  gate = jnp.einsum(
+      spec, h, lp["gate_proj"], preferred_element_type=jnp.float32
+  )
+  up = jnp.einsum(spec, h, lp["up_proj"], preferred_element_type=jnp.float32)
+  act = sharding.shard((jax.nn.silu(gate) * up).astype(h.dtype), _MLP)
+  x = x + dot("btf,fd->btd", act, lp["down_proj"])
+  return sharding.shard(x, _EMBED)

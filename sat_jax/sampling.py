@@ -1,0 +1,399 @@
+"""KV-cache sampling: one jitted prefill + `lax.while_loop` decode per bucket.
+
+    tokens_BxP, mask_BxP = sampling.pad_prompts(prompt_ids, options)
+    out = sampling.sample(config, params, tokens_BxP, mask_BxP, options, key)
+    out.tokens_BxN, out.logprobs_BxN, out.mask_BxN, out.lengths_B
+
+Prompts are left-padded to a bucket length P (`options.prompt_buckets`), so a
+given (config, options, batch size, bucket) compiles once. The cache holds
+P + N slots (N = max_new_tokens); decoding writes one slot per step with
+`dynamic_update_slice` and stops early once every row is done. New token n
+is drawn with key `fold_in(key, n)` from the distribution of
+`filtered_log_probs`, and its log-prob under exactly that distribution is
+returned. After a row's stop token its tokens are `pad_token_id`, its mask 0
+and its log-probs 0.
+"""
+
+import dataclasses
+from typing import Any, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sat_jax.models import config as config_lib
+from sat_jax.models import transformer
+
+PyTree = Any
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class SamplingError(ValueError):
+  """Bad sampling options or prompts; the message names the value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+  """How to sample. Hashable: changing a field recompiles.
+
+  temperature 0 is greedy decoding (its log-probs are those of the plain
+  model distribution, temperature 1 and no filtering, since the degenerate
+  greedy distribution would give 0). top_k = 0 and top_p = 1 switch those
+  filters off. `cache_dtype` None uses the params' dtype. Models with at
+  most `unroll_layers_up_to` layers decode with an unrolled layer loop over
+  unstacked weights (faster steps, L copies of a layer to compile); deeper
+  ones use `lax.scan`.
+  """
+
+  max_new_tokens: int = 64
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  stop_token_ids: tuple[int, ...] = ()
+  pad_token_id: int = 0
+  prompt_buckets: tuple[int, ...] = DEFAULT_BUCKETS
+  cache_dtype: str | None = None
+  unroll_layers_up_to: int = 8
+
+  def __post_init__(self):
+    object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+    object.__setattr__(self, "prompt_buckets", tuple(self.prompt_buckets))
+    if self.max_new_tokens < 1:
+      raise SamplingError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+    if not self.temperature >= 0:
+      raise SamplingError(f"temperature={self.temperature} must be >= 0")
+    if not 0 < self.top_p <= 1:
+      raise SamplingError(f"top_p={self.top_p} must be in (0, 1]")
+    if self.top_k < 0:
+      raise SamplingError(f"top_k={self.top_k} must be >= 0 (0: off)")
+    if self.pad_token_id < 0 or any(i < 0 for i in self.stop_token_ids):
+      raise SamplingError("pad_token_id and stop_token_ids must be >= 0")
+    buckets = self.prompt_buckets
+    if (
+        not buckets
+        or any(b < 1 for b in buckets)
+        or list(buckets) != sorted(set(buckets))
+    ):
+      raise SamplingError(
+          f"prompt_buckets={buckets} must be increasing positive ints"
+      )
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+
+@flax.struct.dataclass
+class SampleOutput:
+  tokens_BxN: jax.Array  # int32, pad_token_id after a row's stop token.
+  logprobs_BxN: jax.Array  # float32, 0 where mask is 0.
+  mask_BxN: jax.Array  # int32, 1 up to and including the stop token.
+  lengths_B: jax.Array  # int32, number of new tokens per row.
+
+
+def bucket_length(length: int, buckets: Sequence[int]) -> int:
+  """The smallest bucket >= length."""
+  for b in buckets:
+    if b >= length:
+      return b
+  raise SamplingError(
+      f"prompt of {length} tokens is longer than the largest bucket"
+      f" {buckets[-1]}"
+  )
+
+
+def pad_prompts(
+    prompts: Sequence[Sequence[int]],
+    options: SamplingOptions,
+    *,
+    batch_size: int | None = None,
+    length: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+  """Left-pads id lists into (tokens_BxP, mask_BxP) int32 numpy arrays.
+
+  P is `length` if given, else the bucket of the longest prompt. With
+  `batch_size`, rows are added (all padding, mask 0) up to that size, so that
+  the batch shape stays fixed across calls; their outputs are meaningless.
+  """
+  if not prompts:
+    raise SamplingError("no prompts")
+  longest = max(len(p) for p in prompts)
+  for i, p in enumerate(prompts):
+    if not p:
+      raise SamplingError(f"prompt {i} is empty")
+  p_len = (
+      bucket_length(longest, options.prompt_buckets)
+      if length is None
+      else length
+  )
+  if longest > p_len:
+    raise SamplingError(f"prompt of {longest} tokens exceeds length {p_len}")
+  b = len(prompts) if batch_size is None else batch_size
+  if b < len(prompts):
+    raise SamplingError(f"{len(prompts)} prompts exceed batch_size={b}")
+  tokens = np.full((b, p_len), options.pad_token_id, np.int32)
+  mask = np.zeros((b, p_len), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, p_len - len(p) :] = np.asarray(p, np.int32)
+    mask[i, p_len - len(p) :] = 1
+  return tokens, mask
+
+
+def _top_p_threshold(probs_BxV: jax.Array, top_p: float) -> jax.Array:
+  """Largest t with sum(p_i for p_i >= t) >= top_p, per row (float32 [B, 1]).
+
+  Bisection over the bit patterns of non-negative float32 (ordered like the
+  values), so the threshold is exact after 31 steps and needs no sort of V.
+  """
+  b = probs_BxV.shape[0]
+  lo = jnp.zeros((b,), jnp.int32)  # mass(0) = 1 >= top_p
+  hi = jnp.full((b,), 0x3F800001, jnp.int32)  # just above 1.0: mass 0
+
+  def step(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    t = jax.lax.bitcast_convert_type(mid, jnp.float32)[:, None]
+    mass = jnp.sum(jnp.where(probs_BxV >= t, probs_BxV, 0.0), axis=-1)
+    ok = mass >= top_p
+    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+  lo, _ = jax.lax.fori_loop(0, 31, step, (lo, hi))
+  return jax.lax.bitcast_convert_type(lo, jnp.float32)[:, None]
+
+
+def filtered_logits(
+    logits_BxV: jax.Array, options: SamplingOptions
+) -> jax.Array:
+  """Logits of the sampling distribution pi, float32 [B, V], -inf = removed.
+
+  pi = softmax(logits / temperature) restricted to the top-k logits (ties
+  with the k-th kept), then to the smallest top set whose renormalised mass
+  reaches top_p (ties at the threshold kept), renormalised. Greedy
+  (temperature 0): the plain logits.
+  """
+  x = logits_BxV.astype(jnp.float32)
+  if options.greedy:
+    return x
+  x = x / options.temperature
+  if 0 < options.top_k < x.shape[-1]:
+    kth = jax.lax.top_k(x, options.top_k)[0][:, -1:]
+    x = jnp.where(x >= kth, x, -jnp.inf)
+  if options.top_p < 1:
+    probs = jax.nn.softmax(x, axis=-1)
+    x = jnp.where(probs >= _top_p_threshold(probs, options.top_p), x, -jnp.inf)
+  return x
+
+
+def filtered_log_probs(
+    logits_BxV: jax.Array, options: SamplingOptions
+) -> jax.Array:
+  """log pi(v) for every v (see `filtered_logits`), float32 [B, V].
+
+  What a scorer recomputes to match the sampler's log-probs exactly.
+  """
+  return jax.nn.log_softmax(filtered_logits(logits_BxV, options), axis=-1)
+
+
+def _last_positive(x_BxN: jax.Array) -> jax.Array:
+  """Index of the last positive entry per row (0 if none)."""
+  n = x_BxN.shape[-1]
+  return n - 1 - jnp.argmax(x_BxN[:, ::-1] > 0, axis=-1)
+
+
+def _block_size(v: int) -> int:
+  """A power-of-two block in [64, 256] dividing V if any (no padding copy)."""
+  for block in (256, 128, 64):
+    if v % block == 0:
+      return block
+  return 256
+
+
+def _draw(probs_BxV: jax.Array, key: jax.Array) -> jax.Array:
+  """One index per row with P(v) = probs[v] / sum(probs): inverse CDF.
+
+  Two levels, so that no [B, V] random numbers (Gumbel) and no cumsum over
+  V are needed: pick a block of entries by its mass, then an entry inside
+  it, with one uniform u per row. A token of zero probability is never
+  returned, whatever the rounding.
+  """
+  b, v = probs_BxV.shape
+  block = _block_size(v)
+  nb = -(-v // block)
+  if nb * block != v:
+    probs_BxV = jnp.pad(probs_BxV, ((0, 0), (0, nb * block - v)))
+  p_BxCxK = probs_BxV.reshape(b, nb, block)
+  mass_BxC = jnp.sum(p_BxCxK, axis=-1)
+  cdf_BxC = jnp.cumsum(mass_BxC, axis=-1)
+  u_B = jax.random.uniform(key, (b,)) * cdf_BxC[:, -1]
+  blk_B = jnp.minimum(
+      jnp.sum(cdf_BxC <= u_B[:, None], axis=-1), _last_positive(mass_BxC)
+  )
+  before_B = jnp.take_along_axis(cdf_BxC - mass_BxC, blk_B[:, None], 1)[:, 0]
+  inner_BxK = jnp.take_along_axis(p_BxCxK, blk_B[:, None, None], 1)[:, 0]
+  cdf_BxK = jnp.cumsum(inner_BxK, axis=-1)
+  j_B = jnp.minimum(
+      jnp.sum(cdf_BxK <= (u_B - before_B)[:, None], axis=-1),
+      _last_positive(inner_BxK),
+  )
+  return blk_B * block + j_B
+
+
+def sample_from_logits(
+    logits_BxV: jax.Array, key: jax.Array, options: SamplingOptions
+) -> tuple[jax.Array, jax.Array]:
+  """(token_B, logprob_B): one draw per row and its log-prob log pi(token).
+
+  Works on unnormalised e = exp(x - max x), so that the [B, V] log-softmax
+  is never materialised: log pi(v) = x_v - max x - log sum(e).
+  """
+  x = filtered_logits(logits_BxV, options)
+  m_B = jnp.max(x, axis=-1)
+  e_BxV = jnp.exp(x - m_B[:, None])
+  if options.greedy:
+    token = jnp.argmax(x, axis=-1).astype(jnp.int32)
+  else:
+    token = _draw(e_BxV, key).astype(jnp.int32)
+  x_tok = jnp.take_along_axis(x, token[:, None], axis=-1)[:, 0]
+  return token, x_tok - m_B - jnp.log(jnp.sum(e_BxV, axis=-1))
+
+
+_TRACES = [0]
+
+
+def num_traces() -> int:
+  """How many times the decode function has been traced (compiles)."""
+  return _TRACES[0]
+
+
+def _is_stop(token_B: jax.Array, options: SamplingOptions) -> jax.Array:
+  if not options.stop_token_ids:
+    return jnp.zeros(token_B.shape, bool)
+  stops = jnp.asarray(options.stop_token_ids, jnp.int32)
+  return jnp.any(token_B[:, None] == stops[None, :], axis=-1)
+
+
+def _generate(config, options, params, tokens_BxP, mask_BxP, key):
+  """Prefill, then decode until N tokens or every row is done (jitted)."""
+  _TRACES[0] += 1
+  b, p = tokens_BxP.shape
+  n = options.max_new_tokens
+  cache_dtype = options.cache_dtype or params["embed"].dtype
+  cache = transformer.init_cache(config, b, p + n, cache_dtype)
+  h_BxPxD, cache = transformer.hidden_states_cached(
+      config, params, tokens_BxP, cache, mask_BxP
+  )
+  if config.num_layers <= options.unroll_layers_up_to:
+    params = transformer.unstack_layers(params)
+  # The last real prompt token of each row (left or right padding).
+  last_B = p - 1 - jnp.argmax(mask_BxP[:, ::-1], axis=1)
+  h_BxD = jnp.take_along_axis(h_BxPxD, last_B[:, None, None], axis=1)[:, 0]
+  logits = transformer.logits_from_hidden(config, params, h_BxD)
+  token, logp = sample_from_logits(logits, jax.random.fold_in(key, 0), options)
+  pad = jnp.int32(options.pad_token_id)
+  tokens_BxN = jnp.full((b, n), pad).at[:, 0].set(token)
+  logprobs_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(logp)
+  done = _is_stop(token, options)
+  lengths = jnp.ones((b,), jnp.int32)
+  state = (jnp.int32(1), token, done, lengths, tokens_BxN, logprobs_BxN, cache)
+
+  def cond(state):
+    step, _, done, *_ = state
+    return (step < n) & ~jnp.all(done)
+
+  def body(state):
+    step, prev, done, lengths, tokens_BxN, logprobs_BxN, cache = state
+    h, cache = transformer.hidden_states_cached(
+        config, params, prev[:, None], cache
+    )
+    logits = transformer.logits_from_hidden(config, params, h[:, 0])
+    token, logp = sample_from_logits(
+        logits, jax.random.fold_in(key, step), options
+    )
+    token = jnp.where(done, pad, token)
+    logp = jnp.where(done, 0.0, logp)
+    tokens_BxN = jax.lax.dynamic_update_slice(
+        tokens_BxN, token[:, None], (0, step)
+    )
+    logprobs_BxN = jax.lax.dynamic_update_slice(
+        logprobs_BxN, logp[:, None], (0, step)
+    )
+    lengths = lengths + (~done).astype(jnp.int32)
+    done = done | _is_stop(token, options)
+    return step + 1, token, done, lengths, tokens_BxN, logprobs_BxN, cache
+
+  _, _, _, lengths, tokens_BxN, logprobs_BxN, _ = jax.lax.while_loop(
+      cond, body, state
+  )
+  mask_BxN = (jnp.arange(n)[None, :] < lengths[:, None]).astype(jnp.int32)
+  return SampleOutput(tokens_BxN, logprobs_BxN, mask_BxN, lengths)
+
+
+_generate_jit = jax.jit(_generate, static_argnums=(0, 1))
+
+
+def _pad_left(tokens_BxP, mask_BxP, bucket: int, pad_id: int, xp=jnp):
+  """Left-pads [B, P] int32 tokens and mask to [B, bucket]."""
+  widths = ((0, 0), (bucket - tokens_BxP.shape[1], 0))
+  return (
+      xp.pad(tokens_BxP.astype(xp.int32), widths, constant_values=pad_id),
+      xp.pad(mask_BxP.astype(xp.int32), widths),
+  )
+
+
+_pad_left_jit = jax.jit(_pad_left, static_argnums=(2, 3, 4))
+
+
+def sample(
+    config: config_lib.ModelConfig,
+    params: PyTree,
+    prompt_tokens_BxP: jax.Array,
+    prompt_mask_BxP: jax.Array,
+    options: SamplingOptions,
+    key: jax.Array,
+) -> SampleOutput:
+  """Samples up to `options.max_new_tokens` tokens after each prompt.
+
+  Prompts may be left- or right-padded (left is what `pad_prompts` makes);
+  P is padded up to its bucket on the left. Raises SamplingError when P plus
+  max_new_tokens exceeds config.max_seq_len, or for out-of-vocab stop/pad
+  ids. Rows with an all-zero mask are batch filler.
+  """
+  if (
+      prompt_tokens_BxP.ndim != 2
+      or prompt_tokens_BxP.shape != prompt_mask_BxP.shape
+  ):
+    raise SamplingError(
+        f"prompt tokens {prompt_tokens_BxP.shape} and mask"
+        f" {prompt_mask_BxP.shape} must be equal [B, P] shapes"
+    )
+  p = prompt_tokens_BxP.shape[1]
+  bucket = bucket_length(p, options.prompt_buckets)
+  if bucket + options.max_new_tokens > config.max_seq_len:
+    raise SamplingError(
+        f"prompt bucket {bucket} (from {p} tokens) + max_new_tokens"
+        f" {options.max_new_tokens} exceeds max_seq_len {config.max_seq_len}"
+    )
+  for name, ids in (
+      ("stop_token_ids", options.stop_token_ids),
+      ("pad_token_id", (options.pad_token_id,)),
+  ):
+    if any(i >= config.vocab_size for i in ids):
+      raise SamplingError(
+          f"{name}={ids} outside vocab_size {config.vocab_size}"
+      )
+  if isinstance(prompt_tokens_BxP, jax.Array):
+    tokens, mask = _pad_left_jit(
+        prompt_tokens_BxP, prompt_mask_BxP, bucket, options.pad_token_id
+    )
+  else:  # host arrays: pad on the host, one explicit transfer
+    tokens, mask = jax.device_put(
+        _pad_left(
+            np.asarray(prompt_tokens_BxP),
+            np.asarray(prompt_mask_BxP),
+            bucket,
+            options.pad_token_id,
+            np,
+        )
+    )
+  return _generate_jit(config, options, params, tokens, mask, key)
