@@ -17,6 +17,21 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "sample from a model (default: a tiny random model built offline)",
     ),
+    "train": (
+        "sat_jax.commands.train",
+        "main",
+        "the main job: SAT on an LM team from a config file",
+    ),
+    "pretrain": (
+        "sat_jax.commands.pretrain",
+        "main",
+        "supervised warm start of a config's base model",
+    ),
+    "eval": (
+        "sat_jax.commands.eval",
+        "main",
+        "evaluate a trained team checkpoint on a task or benchmark",
+    ),
 }
 
 

@@ -109,7 +109,9 @@ SPLIT_DEFAULTS = {
 
 
 def test_registry_names_and_synthetic_defaults(tmp_path):
-  assert registry.names() == sorted([
+  # Other test modules register their own tasks (named "test_*").
+  builtin = [n for n in registry.names() if not n.startswith("test_")]
+  assert builtin == sorted([
       "aime24", "aime25", "arbench_dc", "arbench_gn", "arbench_sp",
       "arithmetic", "autologi", "blocksworld", "countdown", "guess_number",
       "math500", "planbench", "twenty_questions", "zebra", "zebralogic",

@@ -1,0 +1,151 @@
+"""`sat-jax eval`: a trained team checkpoint on a task or benchmark.
+
+  sat-jax eval --workdir runs/demo                        # latest stage
+  sat-jax eval --workdir runs/demo --step 0 --k 8         # the starting team
+  sat-jax eval --workdir runs/demo --task math500 \\
+      --task_kwargs path=/data/math500.jsonl --protocol vote
+
+K samples per problem (default: the paper's K for the task,
+`runner.default_k`; for tasks without one, the run's eval.k), scored by the
+task's verifier; avg@K, unbiased pass@k, maj@K of the team answer (relay:
+the last message; vote: the voted answer; solo: the pool's vote) and each
+agent's own avg@K. Writes predictions.jsonl, summary.json and summary.md to
+--out (default <workdir>/evals/<task>_step<step>). The team is rebuilt from
+the run's config.json and restored from checkpoints/<step>.
+"""
+
+import dataclasses
+import json
+import pathlib
+from typing import Any, Sequence
+
+from absl import flags
+from absl import logging
+import jax
+
+from sat_jax import checkpoint as checkpoint_lib
+from sat_jax import config as config_lib
+from sat_jax import sharding
+from sat_jax import train
+from sat_jax.core import agent as agent_lib
+from sat_jax.eval import runner
+from sat_jax.tasks import registry
+
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "A `sat-jax train` run directory.", required=True
+)
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+_TASK = flags.DEFINE_string("task", None, "Task name (default: the run's).")
+_TASK_KWARGS = flags.DEFINE_multi_string(
+    "task_kwargs", [], "key=value task arguments (values parsed as JSON)."
+)
+_SPLIT = flags.DEFINE_string("split", "test", "Split to evaluate.")
+_NUM_PROBLEMS = flags.DEFINE_integer(
+    "num_problems", 0, "First N problems of the split (0: all)."
+)
+_K = flags.DEFINE_integer("k", None, "Samples per problem (default: paper K).")
+_PROTOCOL = flags.DEFINE_string("protocol", None, "Override the protocol.")
+_ROUTER = flags.DEFINE_string("router", None, "Override the router.")
+_ROUNDS = flags.DEFINE_integer("rounds", None, "Override the rounds.")
+_TEMPERATURE = flags.DEFINE_float(
+    "temperature", None, "Sampling temperature (default: the run's eval)."
+)
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", None, "Problems per generate call (default: the run's)."
+)
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the samples.")
+_OUT = flags.DEFINE_string("out", None, "Output folder.")
+
+
+def parse_kwargs(items: Sequence[str]) -> dict[str, Any]:
+  """["a=1", "path=x.jsonl"] -> {"a": 1, "path": "x.jsonl"} (JSON if it is)."""
+  out = {}
+  for item in items:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+      raise ValueError(f"--task_kwargs {item!r} is not key=value")
+    try:
+      out[key] = json.loads(value)
+    except json.JSONDecodeError:
+      out[key] = value
+  return out
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  workdir = pathlib.Path(_WORKDIR.value).absolute()
+  config = train.load_run_config(workdir)
+  run_task = registry.get_task(config.task.name, **config.task.kwargs)
+  if _TASK.value is None or _TASK.value == config.task.name:
+    kwargs = dict(config.task.kwargs, **parse_kwargs(_TASK_KWARGS.value))
+    task_name = config.task.name
+  else:
+    kwargs, task_name = parse_kwargs(_TASK_KWARGS.value), _TASK.value
+  task = registry.get_task(task_name, **kwargs)
+  try:
+    k = runner.default_k(task_name, _K.value)
+  except ValueError:
+    k = config.eval.k  # a task without a paper K (e.g. the synthetic ones)
+  overrides = {
+      name: value
+      for name, value in (
+          ("protocol", _PROTOCOL.value),
+          ("router", _ROUTER.value),
+          ("rounds", _ROUNDS.value),
+      )
+      if value is not None
+  }
+  protocol = dataclasses.replace(config.protocol, **overrides)
+  protocol.check_team(config.num_agents)
+  eval_cfg = dataclasses.replace(
+      config.eval,
+      temperature=(
+          config.eval.temperature
+          if _TEMPERATURE.value is None
+          else _TEMPERATURE.value
+      ),
+      batch_size=_BATCH_SIZE.value or config.eval.batch_size,
+  )
+  config = dataclasses.replace(config, eval=eval_cfg)
+  examples = list(task.load(_SPLIT.value))
+  if _NUM_PROBLEMS.value:
+    examples = examples[: _NUM_PROBLEMS.value]
+  ckpt = checkpoint_lib.TeamCheckpointer(
+      workdir / "checkpoints", async_save=False
+  )
+  step = ckpt.latest_step() if _STEP.value is None else _STEP.value
+  if step is None:
+    raise checkpoint_lib.CheckpointError(f"{ckpt.directory}: no checkpoints")
+  out = pathlib.Path(
+      _OUT.value or workdir / "evals" / f"{task_name}_step{step}"
+  )
+  mesh = sharding.make_mesh(config.mesh)
+  with jax.set_mesh(mesh), sharding.logical_rules(config.mesh.logical_rules()):
+    team = train.build_team(
+        config, run_task, workdir, mesh, allow_pretrain=False
+    )
+    state, _, cursor = ckpt.restore(step, train.initial_state(team, config))
+    ckpt.close()
+    summary = train.evaluate_team(
+        team,
+        agent_lib.team_params(state),
+        task,
+        examples,
+        config,
+        jax.random.key(_SEED.value),
+        out,
+        k=k,
+        protocol=protocol,
+        progress=True,
+        meta={
+            "workdir": str(workdir),
+            "step": step,
+            "cursor": cursor,
+            "protocol": protocol.protocol,
+            "router": protocol.router,
+            "rounds": protocol.rounds,
+            "split": _SPLIT.value,
+        },
+    )
+  logging.info("wrote %s: %s", out, summary)

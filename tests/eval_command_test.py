@@ -1,0 +1,138 @@
+"""End-to-end tests of `sat-jax eval` on a tiny saved team.
+
+The command runs in a subprocess (its absl flags would clash with other
+commands' in one process). Its metrics are recomputed here from its own
+predictions with independent code: pass@k from binomial coefficients, the
+vote by counting.
+"""
+
+import collections
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jax
+
+from sat_jax import config as config_lib
+from sat_jax import sharding
+from sat_jax import train
+
+_TESTS = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(_TESTS))
+import train_e2e_test as e2e  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+tiny_model = e2e.tiny_model  # the session fixture
+
+# `sat-jax eval` with the parity test task registered first.
+_LAUNCH = (
+    f"import sys; sys.path.insert(0, {str(_TESTS)!r}); import train_e2e_test;"
+    " from sat_jax import main; main.run(['sat-jax', 'eval'] + sys.argv[1:])"
+)
+
+
+def _eval(*args: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, XLA_FLAGS="")  # one CPU device
+  return subprocess.run(
+      [sys.executable, "-c", _LAUNCH, *args],
+      capture_output=True,
+      text=True,
+      timeout=900,
+      env=env,
+  )
+
+
+@pytest.fixture(scope="module")
+def saved_team(tiny_model, tmp_path_factory) -> pathlib.Path:
+  """A run directory holding the starting team (stage 0) only."""
+  workdir = tmp_path_factory.mktemp("run")
+  config = e2e.tiny_train_config(
+      *tiny_model,
+      num_stages=0,
+      eval=config_lib.EvalConfig(num_problems=0, k=2, batch_size=2),
+  )
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  train.train_and_evaluate(config, workdir, mesh, progress=False)
+  return workdir
+
+
+def _rows(out: pathlib.Path) -> list[dict]:
+  lines = (out / "predictions.jsonl").read_text().splitlines()
+  return [json.loads(line) for line in lines]
+
+
+def _pass_at_k(n: int, c: int, k: int) -> float:
+  return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["relay", "vote"])
+def test_eval_metrics_follow_from_its_predictions(
+    saved_team, tmp_path, protocol
+):
+  out = tmp_path / protocol
+  done = _eval(
+      f"--workdir={saved_team}",
+      "--k=3",
+      "--num_problems=4",
+      f"--protocol={protocol}",
+      f"--out={out}",
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  summary = json.loads((out / "summary.json").read_text())
+  rows = _rows(out)
+  assert summary["k"] == 3 and summary["num_problems"] == 4
+  assert (
+      summary["meta"]["step"] == 0 and summary["meta"]["protocol"] == protocol
+  )
+  assert len(rows) == 4 * 3
+  by_uid = collections.defaultdict(list)
+  for r in rows:
+    by_uid[r["uid"]].append(r)
+    agent_texts = [m["text"] for m in r["transcript"] if m["speaker"] != "task"]
+    assert len(agent_texts) == 3
+    if protocol == "relay":  # the team answer is the last message
+      assert r["text"] == agent_texts[-1]
+    else:  # the majority of the three parities (no ties with 3 voters)
+      votes = collections.Counter(str(len(t) % 2) for t in agent_texts)
+      assert r["answer"] == votes.most_common(1)[0][0]
+    assert r["correct"] == (len(r["text"]) % 2 == 0)
+  correct = {u: [r["correct"] for r in rs] for u, rs in by_uid.items()}
+  assert summary["avg@3"] == pytest.approx(
+      np.mean([np.mean(c) for c in correct.values()])
+  )
+  for j in (1, 2, 3):
+    assert summary[f"pass@{j}"] == pytest.approx(
+        np.mean([_pass_at_k(3, sum(c), j) for c in correct.values()])
+    )
+  maj = []
+  for rs in by_uid.values():
+    votes = collections.Counter(r["answer"] for r in rs)
+    maj.append(votes.most_common(1)[0][0] == "0")
+  assert summary["maj@3"] == pytest.approx(np.mean(maj))
+  assert (out / "summary.md").read_text().startswith("| task |")
+
+
+def test_a_wrong_run_directory_is_a_clear_error(tmp_path):
+  with pytest.raises(FileNotFoundError, match="no such directory"):
+    train.load_run_config(tmp_path / "nope")
+  with pytest.raises(FileNotFoundError, match="not a `sat-jax train` run"):
+    train.load_run_config(tmp_path)
+  (tmp_path / "config.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match="no checkpoints/ folder"):
+    train.load_run_config(tmp_path)
+
+
+@pytest.mark.slow
+def test_eval_rejects_a_missing_run_or_step(saved_team, tmp_path):
+  done = _eval(f"--workdir={tmp_path / 'nope'}")
+  assert done.returncode != 0
+  assert "no such directory" in done.stderr
+  done = _eval(f"--workdir={saved_team}", "--step=7")
+  assert done.returncode != 0
+  assert "no step 7" in done.stderr and "[0]" in done.stderr

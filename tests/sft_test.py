@@ -1,0 +1,188 @@
+"""Tests of the warm start: tokenizer, relay-format turns, loss, checkpoint."""
+
+import json
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from sat_jax import config as config_lib
+from sat_jax import models
+from sat_jax import sft
+from sat_jax import team
+from sat_jax import testing
+from sat_jax.tasks import arithmetic
+from sat_jax.tasks import base
+from sat_jax.team import transcript
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+  return arithmetic.ArithmeticTask(
+      digits=2,
+      train_size=30,
+      test_size=4,
+      data_dir=tmp_path_factory.mktemp("data"),
+  )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(task, tmp_path_factory):
+  path = tmp_path_factory.mktemp("tok")
+  examples = task.load("train")
+  corpus = sft.tokenizer_corpus(task, examples, team.ProtocolConfig(), 3)
+  return models.load_tokenizer(sft.build_tokenizer(path, corpus, 400))
+
+
+def test_tokenizer_splits_every_digit_and_has_chatml(tokenizer):
+  ids = tokenizer("Answer: 90817", add_special_tokens=False)["input_ids"]
+  pieces = [tokenizer.decode([i]) for i in ids]
+  assert pieces[-5:] == ["9", "0", "8", "1", "7"]
+  assert "".join(pieces) == "Answer: 90817"
+  assert tokenizer.eos_token == testing.IM_END
+  assert tokenizer.pad_token == testing.PAD
+  assert tokenizer.chat_template == testing.CHAT_TEMPLATE
+  # Merges span spaces between digits: the fixed phrase is one token.
+  assert len(tokenizer("Compute ", add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_tokenizer_needs_room_for_bytes(tmp_path):
+  with pytest.raises(ValueError, match="tokenizer_vocab_size=100"):
+    sft.build_tokenizer(tmp_path, ["1+1"], 100)
+
+
+def test_corrupt_digits_changes_exactly_that_many_digits():
+  text = "4+5+0=9\nAnswer: 49"
+  for seed in range(20):
+    out = sft.corrupt_digits(text, 2, random.Random(seed))
+    changed = [i for i, (a, b) in enumerate(zip(text, out)) if a != b]
+    assert len(out) == len(text) and len(changed) == 2
+    assert all(text[i].isdigit() and out[i].isdigit() for i in changed)
+  assert sft.corrupt_digits("no digits", 3, random.Random(0)) == "no digits"
+
+
+def test_relay_turn_and_its_loss_mask(task, tokenizer):
+  cfg = config_lib.PretrainConfig(wrong_prob=1.0, corrupt_digits=1)
+  example = task.load("train")[0]
+  demo = task.demonstration(example)
+  messages, viewer, train_on = sft.training_turn(
+      task, example, 2, cfg, random.Random(0)
+  )
+  assert viewer == 2 and train_on == [3]
+  assert [m.speaker for m in messages] == [transcript.TASK, 0, 1, 2]
+  assert messages[3].text == demo
+  assert all(m.text != demo for m in messages[1:3])  # wrong_prob=1
+  renderer = sft.make_renderer(tokenizer, task, team.ProtocolConfig())
+  ids, loss = sft.encode(renderer, messages, viewer, train_on)
+  # The trained tokens are exactly the demonstration plus the stop token.
+  trained = [i for i, m in zip(ids, loss) if m]
+  assert tokenizer.decode(trained) == demo + testing.IM_END
+  start = loss.index(1)
+  assert all(loss[start : start + len(trained)])
+  # What precedes them is the prompt the team's stream samples from: the
+  # rendering of the viewer's chat with the generation prompt, tokenised.
+  chat = renderer.chat(messages[:3], viewer)
+  prompt = renderer.render([chat])[0]
+  assert tokenizer.decode(ids[:start]) == prompt
+  assert "[Agent 1] " in prompt and "[Agent 2] " in prompt
+  assert prompt.startswith("<|im_start|>system\n" + task.system_prompt)
+
+
+def test_multi_turn_tasks_train_every_assistant_turn(tmp_path, tokenizer):
+  from sat_jax.tasks import registry  # pylint: disable=g-import-not-at-top
+
+  guess = registry.get_task(
+      "guess_number", train_size=4, test_size=2, data_dir=tmp_path
+  )
+  example = guess.load("train")[0]
+  messages, viewer, train_on = sft.training_turn(
+      guess, example, 2, config_lib.PretrainConfig(), random.Random(0)
+  )
+  demo = guess.demonstration_messages(example)
+  assert viewer == 0
+  assert [m.text for m in messages] == [m["content"] for m in demo]
+  assert [messages[i].text for i in train_on] == [
+      m["content"] for m in demo if m["role"] == "assistant"
+  ]
+  assert messages[0].speaker == transcript.TASK
+  assert all(messages[i].speaker == 0 for i in train_on)
+
+
+def test_sft_loss_equals_a_direct_log_softmax(tokenizer):
+  config = sft.model_config(
+      config_lib.ModelShape(hidden_size=32, head_dim=8), tokenizer
+  )
+  assert config.vocab_size >= len(tokenizer) and config.vocab_size % 64 == 0
+  params = jax.jit(models.init_params, static_argnums=0)(
+      config, jax.random.key(0)
+  )
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, len(tokenizer), (2, 24)).astype(np.int32)
+  mask = np.ones((2, 24), np.int32)
+  mask[1, 20:] = 0
+  loss_mask = np.zeros((2, 24), np.int32)
+  loss_mask[0, 5:12] = 1
+  loss_mask[1, 3:20] = 1
+  # sgd with lr 0: the step returns the loss at the given params.
+  step = sft.make_train_step(config, optax.sgd(0.0))
+  keep = jax.tree.map(jnp.copy, params)
+  _, _, loss = step(params, optax.sgd(0.0).init(keep), tokens, mask, loss_mask)
+  logits = np.asarray(models.forward(config, keep, tokens, mask), np.float64)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  total, count = 0.0, 0
+  for b in range(2):
+    for t in range(1, 24):
+      if loss_mask[b, t]:
+        total -= logp[b, t - 1, tokens[b, t]]
+        count += 1
+  assert float(loss) == pytest.approx(total / count, rel=1e-5)
+
+
+def test_pretrain_writes_one_complete_folder(task, tmp_path):
+  cfg = config_lib.PretrainConfig(
+      model=config_lib.ModelShape(hidden_size=32, head_dim=8, mlp_dim=64),
+      steps=3,
+      batch_size=4,
+      eval_problems=2,
+  )
+  out = tmp_path / "base"
+  info = sft.pretrain(cfg, task, out, num_agents=1)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no temps
+  assert json.loads((out / sft.INFO_FILE).read_text()) == info
+  assert len(info["losses_every_20"]) == 1 and info["eval"]["problems"] == 2
+  config, params = models.load_hf(out)
+  tok = models.load_tokenizer(out)
+  assert config == sft.model_config(cfg.model, tok)
+  assert tok.chat_template == testing.CHAT_TEMPLATE
+  # The team success it reports is that of its own predictions file.
+  rows = [
+      json.loads(line)
+      for line in (out / "eval" / "predictions.jsonl").read_text().splitlines()
+  ]
+  assert info["eval"]["team_success"] == np.mean([r["correct"] for r in rows])
+  assert jax.tree.leaves(params)
+  with pytest.raises(FileExistsError):
+    sft.pretrain(cfg, task, out)
+
+
+def test_pretrain_failure_leaves_nothing(task, tmp_path, monkeypatch):
+  def boom(*args, **kwargs):
+    raise RuntimeError("disk full")
+
+  def no_training(cfg, config, *args, **kwargs):
+    return models.init_params(config, jax.random.key(0)), [1.0], 16
+
+  monkeypatch.setattr(sft, "train", no_training)
+  monkeypatch.setattr(models, "save_hf", boom)
+  cfg = config_lib.PretrainConfig(
+      model=config_lib.ModelShape(hidden_size=32, head_dim=8, mlp_dim=64),
+      steps=1,
+      batch_size=2,
+      eval_problems=0,
+  )
+  with pytest.raises(RuntimeError, match="disk full"):
+    sft.pretrain(cfg, task, tmp_path / "base")
+  assert not list(tmp_path.iterdir())
