@@ -41,9 +41,10 @@ class SamplingOptions:
   model distribution, temperature 1 and no filtering, since the degenerate
   greedy distribution would give 0). top_k = 0 and top_p = 1 switch those
   filters off. `cache_dtype` None uses the params' dtype. Models with at
-  most `unroll_layers_up_to` layers decode with an unrolled layer loop over
-  unstacked weights (faster steps, L copies of a layer to compile); deeper
-  ones use `lax.scan`.
+  most `unroll_layers_up_to` layers run with an unrolled layer loop over
+  per-layer fused weights and per-layer cache buffers (faster steps, L
+  copies of a layer to compile, one copy of the layer weights per call);
+  deeper ones use `lax.scan` over the stacks.
   """
 
   max_new_tokens: int = 64
@@ -280,11 +281,14 @@ def _generate(config, options, params, tokens_BxP, mask_BxP, key):
   n = options.max_new_tokens
   cache_dtype = options.cache_dtype or params["embed"].dtype
   cache = transformer.init_cache(config, b, p + n, cache_dtype)
+  if config.num_layers <= options.unroll_layers_up_to:
+    # Unrolled: per-layer fused weights and per-layer cache buffers, each
+    # its own loop carry (see `transformer.unstack_layers`, `KVCache`).
+    params = transformer.unstack_layers(params, fuse=True)
+    cache = cache.split_layers()
   h_BxPxD, cache = transformer.hidden_states_cached(
       config, params, tokens_BxP, cache, mask_BxP
   )
-  if config.num_layers <= options.unroll_layers_up_to:
-    params = transformer.unstack_layers(params)
   # The last real prompt token of each row (left or right padding).
   last_B = p - 1 - jnp.argmax(mask_BxP[:, ::-1], axis=1)
   h_BxD = jnp.take_along_axis(h_BxPxD, last_B[:, None, None], axis=1)[:, 0]

@@ -82,15 +82,21 @@ def test_left_and_right_padding_agree_and_padding_is_ignored():
   np.testing.assert_allclose(out[0, 4:], unpadded[0], atol=1e-5)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _prefill_then_decode(config, params, prompt, prompt_mask, new_BxN):
-  """Stacked-layer prefill, then decode over unstacked (unrolled) layers."""
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _prefill_then_decode(config, fused, params, prompt, prompt_mask, new_BxN):
+  """Stacked-layer prefill, then decode over unstacked (unrolled) layers.
+
+  `fused`: decode with the fused projections and a per-layer (split) cache,
+  as `sampling.sample` does for shallow models.
+  """
   cache = models.init_cache(config, prompt.shape[0], prompt.shape[1] + 4)
   h, cache = models.hidden_states_cached(
       config, params, prompt, cache, prompt_mask
   )
   outs = [models.logits_from_hidden(config, params, h)]
-  params = models.unstack_layers(params)
+  params = models.unstack_layers(params, fuse=fused)
+  if fused:
+    cache = cache.split_layers()
   for i in range(new_BxN.shape[1]):
     h, cache = models.hidden_states_cached(
         config, params, new_BxN[:, i : i + 1], cache
@@ -99,10 +105,11 @@ def _prefill_then_decode(config, params, prompt, prompt_mask, new_BxN):
   return jnp.concatenate(outs, axis=1), cache
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize(
     "family", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow), "llama"]
 )
-def test_cached_decoding_equals_uncached_forward(family):
+def test_cached_decoding_equals_uncached_forward(family, fused):
   config = testing.tiny_config(family)
   params = _params(family)
   tokens = _tokens(3, (3, 10))
@@ -110,7 +117,7 @@ def test_cached_decoding_equals_uncached_forward(family):
   mask[1, :3] = 0  # left padded prompt
   mask[2, :5] = 0
   cached, cache = _prefill_then_decode(
-      config, params, tokens[:, :6], mask[:, :6], tokens[:, 6:]
+      config, fused, params, tokens[:, :6], mask[:, :6], tokens[:, 6:]
   )
   full = _forward(config, params, tokens, mask)
   real = mask.astype(bool)
@@ -118,6 +125,7 @@ def test_cached_decoding_equals_uncached_forward(family):
       np.asarray(cached)[real], np.asarray(full)[real], atol=1e-5
   )
   assert int(cache.index) == 10
+  assert cache.is_split == fused
   np.testing.assert_array_equal(cache.mask_BxS, mask)
 
 
@@ -180,8 +188,8 @@ def test_remat_gives_the_same_gradient():
 
 def test_init_cache_shapes_and_bytes():
   cache = models.init_cache(_CONFIG, 3, 20, jnp.bfloat16)
-  assert cache.k_LxBxKxSxHd.shape == (2, 3, 2, 20, 16)
-  assert cache.k_LxBxKxSxHd.dtype == jnp.bfloat16
+  assert cache.kt_LxBxKxHdxS.shape == (2, 3, 2, 16, 20)
+  assert cache.kt_LxBxKxHdxS.dtype == jnp.bfloat16
   assert cache.num_slots == 20
   assert (
       models.cache_bytes(_CONFIG, 3, 20, jnp.bfloat16)

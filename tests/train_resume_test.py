@@ -30,10 +30,12 @@ tiny_model = e2e.tiny_model  # the session fixture
 _DRIVER = textwrap.dedent("""
     import os, pathlib, sys, time
     sys.path.insert(0, {tests!r})
+    from absl import logging
     import jax
     import train_e2e_test as e2e
     from sat_jax import plots, sharding, train
 
+    logging.set_verbosity(logging.INFO)  # "resuming after stage" to stderr
     workdir, model_dir, tok_dir = sys.argv[1:4]
     hang_at = int(os.environ.get("HANG_AT", "0"))
     calls = []

@@ -5,9 +5,17 @@ sampled: the uniforms are per row, and float differences of the sharded
 reductions never move a draw across a token boundary at this size); other
 floats within rel 1e-3 or abs 1e-5 (KLs and gains are differences of
 nearly equal log-probs, summed in another order when sharded); parameters
-within atol 1e-5.
+within atol 5e-5, about 1% of how far training moves them. Adam's eps is
+raised to 1e-6 here: with the default 1e-8, a coordinate whose gradient is
+~1e-9 (float noise around zero, e.g. the embedding rows of tokens that never
+occur) moves by up to a whole learning rate (3e-3) in a direction set by
+that noise, whatever the sharding does (measured: 2.6e-4 apart). With
+eps = 1e-6 the update is lr / eps = 3e3-Lipschitz in the gradient, so
+gradient noise of ~1e-8 leaves the runs at most ~3e-5 apart (measured:
+1.2e-5 in one coordinate of 16,384, the rest within 1e-5).
 """
 
+import dataclasses
 import math
 import pathlib
 import sys
@@ -36,6 +44,14 @@ def _close(a, b) -> bool:
 @pytest.mark.parametrize("axes", [(2, 4, 1), (2, 2, 2)])
 def test_sharded_run_matches_one_device(tmp_path, tiny_model, axes):
   config = e2e.tiny_train_config(*tiny_model)
+  update = config.sat.update
+  optimizer = dataclasses.replace(update.optimizer, eps=1e-6)
+  config = dataclasses.replace(
+      config,
+      sat=dataclasses.replace(
+          config.sat, update=dataclasses.replace(update, optimizer=optimizer)
+      ),
+  )
   one = sharding.make_mesh(config.mesh, jax.devices()[:1])
   train.train_and_evaluate(config, tmp_path / "one", one, progress=False)
   mesh_config = sharding.MeshConfig(axes=tuple(zip(sharding.MESH_AXES, axes)))
@@ -57,7 +73,7 @@ def test_sharded_run_matches_one_device(tmp_path, tiny_model, axes):
   params_one, _ = e2e.final_params(tmp_path / "one", config, one)
   params_many, _ = e2e.final_params(tmp_path / "many", config, one)
   for x, y in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_many)):
-    np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(x, y, atol=5e-5, rtol=0)
   # The sharded run's parameters really were spread over the mesh.
   with jax.set_mesh(mesh):
     task = e2e.ParityTask(6)

@@ -12,13 +12,14 @@ whatever its depth. Layouts are "x @ W" (inputs first), with heads split out:
   layers/q_norm, k_norm [L, Hd]    (qk_norm families)
   layers/gate_proj, up_proj [L, D, F]    layers/down_proj [L, F, D]
 
-KV cache (`KVCache`): keys and values for every layer in head-major
-[L, B, K, S, Hd] buffers (the attention einsums then need no transpose of the
-cache), a [B, S] slot mask (1 where a slot holds a real token) and one scalar
-write index shared by the batch. `hidden_states_cached` writes its T new
-tokens at slots [index, index + T) with an in-place `dynamic_update_slice` on
-the layer loop's carry, and lets each query attend to the valid slots at or
-before its own. Rows may be left- or right-padded: padding slots are masked,
+KV cache (`KVCache`): keys transposed [L, B, K, Hd, S] and values
+[L, B, K, S, Hd] for every layer (the attention einsums then need no
+transpose of the cache), or the same split into one buffer per layer for the
+unrolled decode loop; a [B, S] slot mask (1 where a slot holds a real token)
+and one scalar write index shared by the batch. `hidden_states_cached`
+writes its T new tokens at slots [index, index + T) with an in-place
+`dynamic_update_slice` on the layer loop's carry, and lets each query attend
+to the valid slots at or before its own. Rows may be left- or right-padded: padding slots are masked,
 and positions come from the count of real tokens, not from slot numbers.
 """
 
@@ -226,10 +227,17 @@ def forward(
 
 @flax.struct.dataclass
 class KVCache:
-  """Per-layer keys/values, slot validity, and the next slot to write."""
+  """Per-layer keys/values, slot validity, and the next slot to write.
 
-  k_LxBxKxSxHd: jax.Array
-  v_LxBxKxSxHd: jax.Array
+  Keys are stored transposed (the layouts of `layers.attention`). The
+  per-layer buffers are either stacked with a leading L axis (the layer
+  `lax.scan`) or, after `split_layers`, a tuple of L separate arrays (the
+  unrolled decode loop: each layer's buffers are then their own loop carry,
+  updated in place, and no step copies a layer out of the stack).
+  """
+
+  kt_LxBxKxHdxS: jax.Array | tuple[jax.Array, ...]
+  v_LxBxKxSxHd: jax.Array | tuple[jax.Array, ...]
   mask_BxS: jax.Array  # int32, 1 where the slot holds a real token.
   index: jax.Array  # int32 scalar, the same for every row.
 
@@ -237,17 +245,33 @@ class KVCache:
   def num_slots(self) -> int:
     return self.mask_BxS.shape[1]
 
+  @property
+  def is_split(self) -> bool:
+    return isinstance(self.kt_LxBxKxHdxS, (list, tuple))
+
+  def split_layers(self) -> "KVCache":
+    """The same cache with one buffer per layer (one copy, made once)."""
+    if self.is_split:
+      return self
+    n = self.kt_LxBxKxHdxS.shape[0]
+    return self.replace(
+        kt_LxBxKxHdxS=tuple(self.kt_LxBxKxHdxS[i] for i in range(n)),
+        v_LxBxKxSxHd=tuple(self.v_LxBxKxSxHd[i] for i in range(n)),
+    )
+
 
 def init_cache(
     config: ModelConfig, batch: int, num_slots: int, dtype: Any = jnp.float32
 ) -> KVCache:
-  """An empty cache of `num_slots` slots per row."""
+  """An empty (stacked) cache of `num_slots` slots per row."""
   c = config
-  shape = (c.num_layers, batch, c.num_kv_heads, num_slots, c.head_dim)
-  names = ("layers", "batch", "act_kv_heads", "length", None)
+  kt_shape = (c.num_layers, batch, c.num_kv_heads, c.head_dim, num_slots)
+  v_shape = (c.num_layers, batch, c.num_kv_heads, num_slots, c.head_dim)
+  kt_names = ("layers", "batch", "act_kv_heads", None, "length")
+  v_names = ("layers", "batch", "act_kv_heads", "length", None)
   return KVCache(
-      k_LxBxKxSxHd=sharding.shard(jnp.zeros(shape, dtype), names),
-      v_LxBxKxSxHd=sharding.shard(jnp.zeros(shape, dtype), names),
+      kt_LxBxKxHdxS=sharding.shard(jnp.zeros(kt_shape, dtype), kt_names),
+      v_LxBxKxSxHd=sharding.shard(jnp.zeros(v_shape, dtype), v_names),
       mask_BxS=jnp.zeros((batch, num_slots), jnp.int32),
       index=jnp.zeros((), jnp.int32),
   )
@@ -259,16 +283,20 @@ def cache_bytes(config: ModelConfig, batch: int, num_slots: int, dtype) -> int:
   return 2 * n * config.head_dim * jnp.dtype(dtype).itemsize
 
 
-def unstack_layers(params: PyTree) -> PyTree:
+def unstack_layers(params: PyTree, *, fuse: bool = False) -> PyTree:
   """params with "layers" as a list of L per-layer dicts (one copy each).
 
   `hidden_states_cached` then unrolls its layer loop: each decode step reads
   the weights in place instead of slicing them out of the [L, ...] stacks,
-  at the price of compiling L copies of the layer.
+  at the price of compiling L copies of the layer. With `fuse`, each layer
+  also gets the fused q/k/v and gate/up projections of `layers.fuse_layer`
+  (made in the same copy: fewer, larger matmuls per step).
   """
   stacked = params["layers"]
   n = jax.tree.leaves(stacked)[0].shape[0]
   layers_list = [jax.tree.map(lambda w, i=i: w[i], stacked) for i in range(n)]
+  if fuse:
+    layers_list = [layers.fuse_layer(lp) for lp in layers_list]
   return dict(params, layers=layers_list)
 
 
@@ -285,8 +313,9 @@ def hidden_states_cached(
   Used for both prefill (T = prompt bucket, empty cache) and decode (T = 1).
   Default positions continue each row's count of real tokens. The caller
   keeps index + T <= num_slots (`dynamic_update_slice` would clamp).
-  `params["layers"]` may be stacked (a `lax.scan`) or a list from
-  `unstack_layers` (an unrolled loop).
+  `params["layers"]` may be stacked (a `lax.scan`; the cache must be
+  stacked too) or a list from `unstack_layers` (an unrolled loop, over a
+  stacked or a split cache).
   """
   b, t = tokens_BxT.shape
   if mask_BxT is None:
@@ -304,32 +333,52 @@ def hidden_states_cached(
   )
   cos, sin = layers.rope_tables(config, positions_BxT)
 
-  def body(carry, xs):
-    x, k_cache, v_cache = carry
-    lp, layer = xs
-    q, k, v = layers.qkv(config, lp, x, cos, sin)
-    start = (layer, 0, 0, index, 0)
-    k_cache = jax.lax.dynamic_update_slice(
-        k_cache, k[None].astype(k_cache.dtype), start
+  def write(kt_cache, v_cache, kt, v, lead_index=()):
+    """The buffers with the T new slots written in place."""
+    kt_cache = jax.lax.dynamic_update_slice(
+        kt_cache, kt.astype(kt_cache.dtype), lead_index + (0, 0, 0, index)
     )
     v_cache = jax.lax.dynamic_update_slice(
-        v_cache, v[None].astype(v_cache.dtype), start
+        v_cache, v.astype(v_cache.dtype), lead_index + (0, 0, index, 0)
     )
-    k_all = jax.lax.dynamic_index_in_dim(k_cache, layer, keepdims=False)
-    v_all = jax.lax.dynamic_index_in_dim(v_cache, layer, keepdims=False)
-    attn = layers.attention(
-        q, k_all.astype(q.dtype), v_all.astype(q.dtype), allowed_BxTxS
-    )
-    x = layers.attn_out_and_mlp(config, lp, x, attn)
-    return (x, k_cache, v_cache), None
+    return kt_cache, v_cache
 
-  carry = (_embed(params, tokens_BxT), cache.k_LxBxKxSxHd, cache.v_LxBxKxSxHd)
+  def attend(x, lp, q, kt_layer, v_layer):
+    attn = layers.attention(
+        q, kt_layer.astype(q.dtype), v_layer.astype(q.dtype), allowed_BxTxS
+    )
+    return layers.attn_out_and_mlp(config, lp, x, attn)
+
+  x = _embed(params, tokens_BxT)
   if isinstance(params["layers"], (list, tuple)):
-    for layer, lp in enumerate(params["layers"]):
-      carry, _ = body(carry, (lp, layer))
+    split = cache.split_layers()
+    kts, vs = list(split.kt_LxBxKxHdxS), list(split.v_LxBxKxSxHd)
+    for i, lp in enumerate(params["layers"]):
+      q, kt, v = layers.qkv(config, lp, x, cos, sin)
+      kts[i], vs[i] = write(kts[i], vs[i], kt, v)
+      x = attend(x, lp, q, kts[i], vs[i])
+    kt_out, v_out = tuple(kts), tuple(vs)
+    if not cache.is_split:  # keep the caller's layout
+      kt_out, v_out = jnp.stack(kt_out), jnp.stack(v_out)
   else:
+    if cache.is_split:
+      raise ValueError("stacked layers need a stacked cache (not split)")
+
+    def body(carry, xs):
+      # The stacks are the carry, so the new slots are written in place;
+      # the layer's buffers are then read out of them (a copy per layer).
+      x, kt_all, v_all = carry
+      lp, layer = xs
+      q, kt, v = layers.qkv(config, lp, x, cos, sin)
+      kt_all, v_all = write(kt_all, v_all, kt[None], v[None], (layer,))
+      kt_l = jax.lax.dynamic_index_in_dim(kt_all, layer, keepdims=False)
+      v_l = jax.lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
+      return (attend(x, lp, q, kt_l, v_l), kt_all, v_all), None
+
     layer_L = jnp.arange(config.num_layers)
-    carry, _ = jax.lax.scan(body, carry, (params["layers"], layer_L))
-  x, k_cache, v_cache = carry
+    carry = (x, cache.kt_LxBxKxHdxS, cache.v_LxBxKxSxHd)
+    (x, kt_out, v_out), _ = jax.lax.scan(
+        body, carry, (params["layers"], layer_L)
+    )
   h = layers.rms_norm(x, params["final_norm"], config.rms_norm_eps)
-  return h, KVCache(k_cache, v_cache, mask_BxS, index + t)
+  return h, KVCache(kt_out, v_out, mask_BxS, index + t)
