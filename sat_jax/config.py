@@ -192,7 +192,12 @@ class PretrainConfig:
   Each training sequence is one relay turn: the speaker at position p
   (uniform in [0, positions)) sees p earlier messages, each a correct
   demonstration or, with probability wrong_prob, one with corrupt_digits
-  digits changed; the target is always a correct demonstration.
+  digits changed; the target is always a correct demonstration. With
+  `split_demonstration`, the demonstration's lines are shared out among the
+  `positions` speakers (`sft.split_lines`): speaker p writes its share after
+  the earlier speakers' shares, the last one the answer line, so that every
+  speaker's step decides the team's answer (positions must then equal the
+  team size, and the protocol be a one-round relay).
   """
 
   model: ModelShape = ModelShape()
@@ -206,6 +211,7 @@ class PretrainConfig:
   positions: int = 3
   wrong_prob: float = 0.5
   corrupt_digits: int = 1
+  split_demonstration: bool = False
   eval_problems: int = 128
   eval_temperature: float = 1.0
   seed: int = 0
@@ -265,6 +271,19 @@ class TrainConfig:
           f"a divisor of the {self.rollout.num_episodes} episodes per stage",
       )
     self.protocol.check_team(n)
+    if self.pretrain.split_demonstration:
+      if self.pretrain.positions != n:
+        _fail(
+            "pretrain.positions",
+            self.pretrain.positions,
+            f"the team size {n} with pretrain.split_demonstration",
+        )
+      if (self.protocol.protocol, self.protocol.rounds) != ("relay", 1):
+        _fail(
+            "protocol",
+            (self.protocol.protocol, self.protocol.rounds),
+            "('relay', 1) with pretrain.split_demonstration",
+        )
 
   @property
   def num_agents(self) -> int:

@@ -482,3 +482,44 @@ def state_kl(
       chunk_size,
   )
   return _to_action_positions(aligned_BxT, mask_BxT)
+
+
+def token_logprobs_and_state_kl(
+    config: models.ModelConfig,
+    params_new: PyTree,
+    params_old: PyTree,
+    tokens_BxT: jax.Array,
+    mask_BxT: jax.Array,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    remat: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+  """`token_logprobs` of params_new and `state_kl` of new against old.
+
+  One body pass on params_new serves both (and one backward through it),
+  where the two functions would run it twice; the values are the same.
+  Both models share `config` (the trainer's case: one agent's new and
+  stage-start params).
+  """
+  _check_tokens(tokens_BxT, mask_BxT, "token_logprobs_and_state_kl")
+  h_new_BxTxD = models.hidden_states(
+      config, params_new, tokens_BxT, mask_BxT, remat=remat
+  )
+  h_old_BxTxD = models.hidden_states(config, params_old, tokens_BxT, mask_BxT)
+  w_new_DxV = models.unembed_matrix(config, params_new)
+  logp_BxT = token_logprobs_from_hidden(
+      h_new_BxTxD, w_new_DxV, _next_tokens(tokens_BxT), temperature, chunk_size
+  )
+  kl_BxT = kl_from_hidden(
+      h_new_BxTxD,
+      w_new_DxV,
+      h_old_BxTxD,
+      models.unembed_matrix(config, params_old),
+      temperature,
+      chunk_size,
+  )
+  return (
+      _to_action_positions(logp_BxT, mask_BxT),
+      _to_action_positions(kl_BxT, mask_BxT),
+  )

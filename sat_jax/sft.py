@@ -14,6 +14,10 @@ prompt and p earlier messages, each a correct demonstration or (with probability
 wrong_prob) one with a few digits changed, and is trained to give the
 correct demonstration regardless. So the team's later speakers learn to
 check, not copy, and the first speaker learns the plain task (p = 0).
+With `split_demonstration` the speakers share the demonstration's lines
+instead (`split_lines`): each writes its step after the earlier steps, and
+the last one the answer, so that each speaker's step decides the team's
+answer.
 Multi-turn tasks train on every assistant turn of
 `task.demonstration_messages` (p = 0 only). The loss is the mean negative
 log-likelihood of the trained messages' tokens, up to and including the
@@ -145,13 +149,40 @@ def training_turn(
       messages.append(Message(who, m["content"]))
     return messages, 0, [i for i, m in enumerate(messages) if m.speaker == 0]
   demo = task.demonstration(example)
+  if cfg.split_demonstration:
+    shares = split_lines(demo, cfg.positions)
+  else:
+    shares = [demo] * cfg.positions
   messages = [Message(TASK, example.prompt)]
   for j in range(position):
     wrong = rng.random() < cfg.wrong_prob
-    text = corrupt_digits(demo, cfg.corrupt_digits, rng) if wrong else demo
+    text = shares[j]
+    if wrong:
+      text = corrupt_digits(text, cfg.corrupt_digits, rng)
     messages.append(Message(j, text, 0))
-  messages.append(Message(position, demo, 0))
+  messages.append(Message(position, shares[position], 0))
   return messages, position, [len(messages) - 1]
+
+
+def split_lines(text: str, parts: int) -> list[str]:
+  """`text`'s lines in `parts` contiguous non-empty shares, in order.
+
+  Shares differ in size by at most one line, the larger ones first, so the
+  last share ends with the last line (a worked answer's `Answer:` line).
+  """
+  lines = text.split("\n")
+  if len(lines) < parts:
+    raise ValueError(
+        f"cannot share a {len(lines)}-line demonstration among {parts}"
+        f" speakers: {text!r}"
+    )
+  size, extra = divmod(len(lines), parts)
+  shares, start = [], 0
+  for p in range(parts):
+    end = start + size + (p < extra)
+    shares.append("\n".join(lines[start:end]))
+    start = end
+  return shares
 
 
 def encode(

@@ -462,6 +462,38 @@ def test_model_state_kl_across_architectures_and_grads():
   assert np.asarray(same).min() >= 0 and np.asarray(same).max() < 1e-6
 
 
+def test_fused_logprobs_and_kl_equal_the_separate_kernels():
+  p_new = models.init_params(_TINY, jax.random.PRNGKey(3))
+  p_new = dict(p_new, embed=p_new["embed"] * 50)  # far from uniform
+  p_old = models.init_params(_TINY, jax.random.PRNGKey(4))
+  tokens, mask = _tokens_and_mask(_TINY)
+  tau = 0.8
+  w_logp = jax.random.normal(jax.random.PRNGKey(5), tokens.shape)
+  w_kl = jax.random.normal(jax.random.PRNGKey(6), tokens.shape)
+
+  def fused(p):
+    logp, kl = scoring.token_logprobs_and_state_kl(
+        _TINY, p, p_old, tokens, mask, tau, 4
+    )
+    return jnp.sum(w_logp * logp + w_kl * kl), (logp, kl)
+
+  def separate(p):
+    logp = scoring.token_logprobs(_TINY, p, tokens, mask, tau, 4)
+    kl = scoring.state_kl(_TINY, p, _TINY, p_old, tokens, mask, tau, 4)
+    return jnp.sum(w_logp * logp + w_kl * kl), (logp, kl)
+
+  (_, got), g = jax.value_and_grad(fused, has_aux=True)(p_new)
+  (_, ref), g_ref = jax.value_and_grad(separate, has_aux=True)(p_new)
+  for a, b in zip(got, ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert np.asarray(got[1]).max() > 1e-3  # the KL term is not trivially 0
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+      g,
+      g_ref,
+  )
+
+
 def test_model_state_kl_rejects_different_vocabularies():
   cfg_old = _TINY.replace(vocab_size=_TINY.vocab_size + 1)
   tokens, mask = _tokens_and_mask(_TINY)

@@ -91,6 +91,46 @@ def test_relay_turn_and_its_loss_mask(task, tokenizer):
   assert prompt.startswith("<|im_start|>system\n" + task.system_prompt)
 
 
+def test_split_lines_shares_lines_in_order():
+  text = "a\nb\nc\nd\nAnswer: 1"
+  assert sft.split_lines(text, 3) == ["a\nb", "c\nd", "Answer: 1"]
+  assert sft.split_lines(text, 5) == text.split("\n")
+  assert sft.split_lines(text, 1) == [text]
+  with pytest.raises(ValueError, match="5-line demonstration among 6"):
+    sft.split_lines(text, 6)
+
+
+def test_split_relay_turn_trains_the_speakers_own_step(task):
+  cfg = config_lib.PretrainConfig(
+      split_demonstration=True, positions=3, wrong_prob=0.0
+  )
+  example = task.load("train")[0]
+  lines = task.demonstration(example).split("\n")  # 2 columns + answer
+  assert len(lines) == 3 and lines[-1].startswith("Answer: ")
+  for position in range(3):
+    messages, viewer, train_on = sft.training_turn(
+        task, example, position, cfg, random.Random(0)
+    )
+    assert viewer == position and train_on == [position + 1]
+    assert [m.text for m in messages[1:]] == lines[: position + 1]
+
+
+def test_split_demonstration_needs_a_one_round_relay_of_positions():
+  team_entries = tuple(config_lib.AgentEntry(name=f"a{j}") for j in range(3))
+  split = config_lib.PretrainConfig(split_demonstration=True, positions=3)
+  config_lib.TrainConfig(team=team_entries, pretrain=split)
+  with pytest.raises(ValueError, match="pretrain.positions"):
+    config_lib.TrainConfig(
+        team=team_entries[:2], pretrain=split
+    )
+  with pytest.raises(ValueError, match="protocol"):
+    config_lib.TrainConfig(
+        team=team_entries,
+        pretrain=split,
+        protocol=config_lib.ProtocolConfig(protocol="vote"),
+    )
+
+
 def test_multi_turn_tasks_train_every_assistant_turn(tmp_path, tokenizer):
   from sat_jax.tasks import registry  # pylint: disable=g-import-not-at-top
 

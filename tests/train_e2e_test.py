@@ -132,7 +132,6 @@ def final_params(workdir: pathlib.Path, config, mesh=None):
   return jax.device_get([s.params for s in state]), cursor
 
 
-@pytest.mark.slow
 def test_two_stages_write_every_output(tmp_path, tiny_model):
   config = tiny_train_config(*tiny_model)
   summary = train.train_and_evaluate(config, tmp_path, progress=False)

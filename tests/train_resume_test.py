@@ -72,7 +72,6 @@ def _run(driver, workdir, model, hang_at=0, timeout=900):
   )
 
 
-@pytest.mark.slow
 def test_kill_mid_stage_then_rerun_matches_an_unbroken_run(
     tmp_path, tiny_model
 ):

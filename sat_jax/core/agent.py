@@ -11,6 +11,14 @@ methods are pure functions of parameters and inputs:
       at the state of every position t, aligned with token_logprobs and
       differentiable w.r.t. params_new (it is the penalty term).
 
+An agent may also offer
+
+  logprobs_and_kl(params_new, params_old, inputs) -> (logp_ExT, kl_ExT)
+      token_logprobs(params_new, inputs) and state_kl(params_new,
+      params_old, inputs) in one pass (an LM runs its body on params_new
+      once instead of twice); the core uses it when present
+      (`logprobs_and_kl` below).
+
 Positions where the agent does not act may hold anything finite: the team
 batch masks them out. Sampling is the rollout's business (see
 `sat_jax.toy` for a tabular example); the SAT core never samples.
@@ -43,6 +51,19 @@ class Agent(Protocol):
       self, params_new: PyTree, params_old: PyTree, inputs: PyTree
   ) -> jax.Array:
     ...
+
+
+def logprobs_and_kl(
+    agent: Agent, params_new: PyTree, params_old: PyTree, inputs: PyTree
+) -> tuple[jax.Array, jax.Array]:
+  """(logp_ExT, kl_ExT) of params_new: the agent's fused pass if it has one."""
+  fused = getattr(agent, "logprobs_and_kl", None)
+  if fused is not None:
+    return fused(params_new, params_old, inputs)
+  return (
+      agent.token_logprobs(params_new, inputs),
+      agent.state_kl(params_new, params_old, inputs),
+  )
 
 
 @struct.dataclass

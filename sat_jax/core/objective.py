@@ -98,19 +98,23 @@ def masked_quantile(x_ExT: jax.Array, mask_ExT: jax.Array, q: float):
   return jnp.where(n > 0, value, 0.0)
 
 
+def _own_logratio(logp_ExT: jax.Array, view: batch_lib.AgentView):
+  return jnp.where(view.mask_ExT, logp_ExT - view.behaviour_logp_ExT, 0.0)
+
+
 def own_logratio(agent, params, view: batch_lib.AgentView) -> jax.Array:
   """log pi_j(a_t|s_t) - log pi_j^beh(a_t|s_t) at j's positions, else 0."""
-  logp_ExT = agent.token_logprobs(params, view.inputs)
-  return jnp.where(view.mask_ExT, logp_ExT - view.behaviour_logp_ExT, 0.0)
+  return _own_logratio(agent.token_logprobs(params, view.inputs), view)
 
 
 def agent_loss(params, ref_params, agent, cfg, view, adv_E, c_E, beta):
   """-L_j + beta * mean KL (module docstring); returns (loss, metrics)."""
-  logratio_ExT = own_logratio(agent, params, view)
-  surrogate, clip_fraction = RATIO_MODES[cfg.ratio_mode](
-      logratio_ExT, view.mask_ExT, adv_E, c_E, cfg
+  logp_ExT, kl_ExT = agent_lib.logprobs_and_kl(
+      agent, params, ref_params, view.inputs
   )
-  kl_ExT = agent.state_kl(params, ref_params, view.inputs)
+  surrogate, clip_fraction = RATIO_MODES[cfg.ratio_mode](
+      _own_logratio(logp_ExT, view), view.mask_ExT, adv_E, c_E, cfg
+  )
   kl_mean = masked_mean(kl_ExT, view.mask_ExT)
   loss = -surrogate + beta * kl_mean
   return loss, {"surrogate": surrogate, "clip_fraction": clip_fraction}
@@ -169,11 +173,13 @@ def update_agent(
   (new_params, new_opt_state), grad_norm = jax.lax.scan(
       epoch, (params, opt_state), jax.random.split(key, cfg.epochs)
   )
-  kl_ExT = agent.state_kl(new_params, ref_params, view.inputs)
+  logp_ExT, kl_ExT = agent_lib.logprobs_and_kl(
+      agent, new_params, ref_params, view.inputs
+  )
   kl_quantile = masked_quantile(kl_ExT, view.mask_ExT, cfg.quantile)
   surrogate_fn = RATIO_MODES[cfg.ratio_mode]
   new_surrogate, clip_fraction = surrogate_fn(
-      own_logratio(agent, new_params, view), view.mask_ExT, adv_E, c_E, cfg
+      _own_logratio(logp_ExT, view), view.mask_ExT, adv_E, c_E, cfg
   )
   old_surrogate, _ = surrogate_fn(
       jnp.zeros_like(kl_ExT), view.mask_ExT, adv_E, c_E, cfg

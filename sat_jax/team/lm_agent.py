@@ -74,6 +74,21 @@ class LMAgent:
         remat=self.remat,
     )
 
+  def logprobs_and_kl(
+      self, params_new: PyTree, params_old: PyTree, inputs: PyTree
+  ) -> tuple[jax.Array, jax.Array]:
+    """(token_logprobs, state_kl) with one body pass on params_new."""
+    return scoring.token_logprobs_and_state_kl(
+        self.config,
+        params_new,
+        jax.lax.stop_gradient(params_old),
+        inputs["tokens_ExT"],
+        inputs["mask_ExT"],
+        self.temperature,
+        self.chunk_size,
+        remat=self.remat,
+    )
+
   def state_kl(
       self, params_new: PyTree, params_old: PyTree, inputs: PyTree
   ) -> jax.Array:
