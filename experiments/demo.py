@@ -7,11 +7,20 @@
 
 What it does: the warm start (`sat-jax pretrain`, inside the run unless
 runs/<name>/pretrain/base exists) fine-tunes one tiny Qwen3-style model from
-scratch on worked answers in the relay format; the three agents start from
-it. Then SAT stages (relay protocol, `reuse` advantages, static order) on
-arithmetic prompts, each agent's update inside its KL trust region, with the
-held-out team accuracy (avg@K on a fixed set of test problems) before
-training and after every stage. `arg` is "key=value,..." over method,
+scratch (hidden 128, 2 layers) on worked answers in the relay format, with
+the worked answer shared out among the three speakers: agent 0 writes the
+units column (`4+9+0=13`), agent 1 the tens column (`5+7+1=13`), agent 2
+reads them and writes `Answer: 133`. Every agent's step decides the team's
+answer, so the team reward carries credit to each of them (with every
+speaker re-solving the whole problem, the first two barely affect the
+answer and their updates drift; measured: their own accuracy fell while
+the team's rose slowly). The three agents start from that base, right about
+57% of the time as a team when sampling at temperature 1. Then SAT stages
+(relay protocol, `reuse` advantages, static order) on arithmetic prompts,
+each agent's update inside its KL trust region, with the held-out team
+accuracy (avg@K on 200 test problems) before training and after every
+stage; the run stops after the stage that passes `time_budget_s` (14
+minutes, the warm start included). `arg` is "key=value,..." over method,
 stages, seed, or "smoke" (a tiny run for tests).
 """
 
@@ -41,8 +50,8 @@ def get_config(arg: str | None = None):
   c = config_lib.to_config_dict(defaults)
   c.name = "demo"
   c.seed = int(args.get("seed", 0))
-  c.num_stages = int(args.get("stages", 16))
-  c.time_budget_s = 0.0  # e.g. 900: stop after the stage that passes it
+  c.num_stages = int(args.get("stages", 80))
+  c.time_budget_s = 840.0  # stop after the stage that passes it
 
   c.task.name = "arithmetic"
   c.task.kwargs = dict(digits=2, train_size=2000, test_size=200)
@@ -72,30 +81,35 @@ def get_config(arg: str | None = None):
   update.epochs = 2
   update.minibatches = 4
   update.optimizer.name = "adam"
-  update.optimizer.learning_rate = 3e-4
+  # 3e-4 backtracked to ~2.1e-4 on average (step halving), in 1.7 tries.
+  update.optimizer.learning_rate = 2e-4
   c.sat.certificate.horizon = 1  # each agent speaks once per episode
 
-  c.eval.num_problems = 128
+  c.eval.num_problems = 200  # the whole test split: SE ~2.3 points
   c.eval.k = 2
-  c.eval.batch_size = 128
+  c.eval.batch_size = 200
 
-  c.pretrain.model.hidden_size = 64
+  c.pretrain.model.hidden_size = 128
   c.pretrain.model.num_layers = 2
   c.pretrain.model.num_heads = 4
   c.pretrain.model.num_kv_heads = 2
-  c.pretrain.model.head_dim = 16
-  c.pretrain.model.mlp_dim = 256
+  c.pretrain.model.head_dim = 32
+  c.pretrain.model.mlp_dim = 512
   c.pretrain.model.max_seq_len = 256
-  c.pretrain.steps = 600
+  # 600 steps give a team right ~65% of the time, which SAT lifts to the
+  # ~80% this model tops out at; 520 leave it more room (~57%).
+  c.pretrain.steps = 520
   c.pretrain.batch_size = 32
   c.pretrain.learning_rate = 1e-2
-  c.pretrain.wrong_prob = 0.2
+  c.pretrain.split_demonstration = True  # one column per speaker
+  c.pretrain.wrong_prob = 0.0  # later speakers read, not re-solve
   c.pretrain.eval_problems = 128
 
   if "smoke" in args:  # seconds, for tests: 2 stages, tiny everything
     c.name = "demo_smoke"
     c.num_stages = int(args.get("stages", 2))
-    c.task.kwargs = dict(digits=1, train_size=40, test_size=8)
+    c.time_budget_s = 0.0
+    c.task.kwargs = dict(digits=2, train_size=40, test_size=8)
     c.protocol.max_new_tokens = 16
     c.protocol.view_buckets = (96,)
     c.rollout.prompts_per_stage = 2

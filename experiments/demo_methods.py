@@ -5,13 +5,18 @@
 
 Runs `sat-jax train --config experiments/demo.py` once per method in
 runs/demo_methods/<method> (extra `--config.*` overrides after `--` go to
-every run). The first run builds the warm-start base; the others start
-from that same base (their team entries point at it), so the three differ
-only in the method. `single` trains the last speaker (agent n-1), whose
-message is the relay team's answer. Writes results/demo_methods.json and
+every run). The first run builds the warm-start base and the others start
+from that same base (their team entries point at it), or all start from
+`--base DIR` (e.g. runs/demo/pretrain/base of the main job), so the runs
+differ only in the method. With `--stages N` each run does exactly N
+stages (no time budget), so the curves compare stage by stage. `single`
+trains the last speaker (agent n-1), whose message is the relay team's
+answer. Writes results/demo_methods.json and
 .md: held-out team accuracy per stage for each method, wall times, and the
 machine's load average before and after each run (the machine may be
-shared; rerun on a quiet one for timings).
+shared; rerun on a quiet one for timings). `--existing sat=runs/demo`
+reports a finished run (here the main job itself) beside the new ones; its
+wall time is its summary's (which includes the warm start it built).
 """
 
 import argparse
@@ -36,7 +41,7 @@ def _run(method: str, workdir: pathlib.Path, base: pathlib.Path | None, args):
       *args.overrides,
   ]
   if args.stages:
-    cmd.append(f"--config.num_stages={args.stages}")
+    cmd += [f"--config.num_stages={args.stages}", "--config.time_budget_s=0"]
   if method == "single":
     cmd.append(f"--config.sat.single_agent={args.num_agents - 1}")
   if base is not None:
@@ -51,6 +56,21 @@ def _run(method: str, workdir: pathlib.Path, base: pathlib.Path | None, args):
       "wall_s": round(wall, 1),
       "load_before": [round(x, 2) for x in load_before],
       "load_after": [round(x, 2) for x in os.getloadavg()],
+      "summary": summary,
+  }
+
+
+def _finished(method: str, workdir: pathlib.Path):
+  """An already finished run (e.g. the main job's) as a result row."""
+  path = workdir / "summary.json"
+  if not path.is_file():
+    raise FileNotFoundError(f"--existing {method}={workdir}: no {path}")
+  summary = json.loads(path.read_text())
+  return {
+      "method": method,
+      "wall_s": summary["time_wall_s"],
+      "load_before": [float("nan")] * 3,
+      "load_after": [float("nan")] * 3,
       "summary": summary,
   }
 
@@ -91,12 +111,23 @@ def main():
   parser.add_argument("--methods", default="sat,joint,single")
   parser.add_argument("--stages", type=int, default=0, help="0: the demo's")
   parser.add_argument("--num_agents", type=int, default=3)
+  parser.add_argument("--base", default=None, help="existing base folder")
+  parser.add_argument(
+      "--existing",
+      action="append",
+      default=[],
+      help="METHOD=WORKDIR: report a finished run instead of running it",
+  )
   parser.add_argument("--root", default=str(_REPO / "runs" / "demo_methods"))
   parser.add_argument("--out", default=str(_REPO / "results" / "demo_methods"))
   parser.add_argument("overrides", nargs="*", help="--config.* flags")
   args = parser.parse_args()
   root = pathlib.Path(args.root)
-  results, base = [], None
+  results = []
+  base = pathlib.Path(args.base).absolute() if args.base else None
+  for spec in args.existing:
+    method, _, workdir = spec.partition("=")
+    results.append(_finished(method, pathlib.Path(workdir)))
   for method in args.methods.split(","):
     results.append(_run(method, root / method, base, args))
     if base is None:

@@ -196,8 +196,9 @@ class PretrainConfig:
   `split_demonstration`, the demonstration's lines are shared out among the
   `positions` speakers (`sft.split_lines`): speaker p writes its share after
   the earlier speakers' shares, the last one the answer line, so that every
-  speaker's step decides the team's answer (positions must then equal the
-  team size, and the protocol be a one-round relay).
+  speaker's step decides the team's answer (when the run builds its base,
+  positions must then equal the team size, and the protocol be a one-round
+  relay).
   """
 
   model: ModelShape = ModelShape()
@@ -271,7 +272,8 @@ class TrainConfig:
           f"a divisor of the {self.rollout.num_episodes} episodes per stage",
       )
     self.protocol.check_team(n)
-    if self.pretrain.split_demonstration:
+    builds_base = any(e.model == PRETRAIN for e in self.team)
+    if self.pretrain.split_demonstration and builds_base:
       if self.pretrain.positions != n:
         _fail(
             "pretrain.positions",

@@ -37,8 +37,10 @@ def plot_run(
 ) -> None:
   """Writes the PNG (atomically) from metrics.jsonl rows.
 
-  Left: held-out team avg@K (and each agent's own answer) before training
-  (stage 0) and after each stage, with the stage's training reward. Right:
+  Left: held-out team avg@K (and each agent's own answer, for agents that
+  ever gave a correct one: in a split relay only the last speaker answers)
+  before training (stage 0) and after each stage, with the stage's
+  training reward. Right:
   the stage certificate's terms (episodic variant, reward units).
   """
   fig, (ax_acc, ax_cert) = plt.subplots(1, 2, figsize=(11, 4))
@@ -47,7 +49,7 @@ def plot_run(
     ax_acc.plot(*_series(rows, "eval", acc), "o-", lw=2, label=f"team {acc}")
     for a in range(num_agents):
       steps, values = _series(rows, "eval", f"agent{a}/{acc}")
-      if steps:
+      if steps and any(values):
         ax_acc.plot(steps, values, ".--", alpha=0.6, label=f"agent {a} {acc}")
   steps, reward = _series(rows, "stage", "reward")
   if steps:

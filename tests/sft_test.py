@@ -1,6 +1,7 @@
 """Tests of the warm start: tokenizer, relay-format turns, loss, checkpoint."""
 
 import json
+import pathlib
 import random
 
 import jax
@@ -120,15 +121,16 @@ def test_split_demonstration_needs_a_one_round_relay_of_positions():
   split = config_lib.PretrainConfig(split_demonstration=True, positions=3)
   config_lib.TrainConfig(team=team_entries, pretrain=split)
   with pytest.raises(ValueError, match="pretrain.positions"):
-    config_lib.TrainConfig(
-        team=team_entries[:2], pretrain=split
-    )
+    config_lib.TrainConfig(team=team_entries[:2], pretrain=split)
   with pytest.raises(ValueError, match="protocol"):
     config_lib.TrainConfig(
         team=team_entries,
         pretrain=split,
         protocol=config_lib.ProtocolConfig(protocol="vote"),
     )
+  # A team that does not build its base from `pretrain` is not checked.
+  given = config_lib.AgentEntry(name="given", model=str(pathlib.Path(".")))
+  config_lib.TrainConfig(team=(given,), pretrain=split)
 
 
 def test_multi_turn_tasks_train_every_assistant_turn(tmp_path, tokenizer):
