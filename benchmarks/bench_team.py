@@ -175,6 +175,13 @@ def derive(results: dict) -> dict:
           key: linear_fit(n, [r[f"{key}_s"] for r in sel])
           for key in ("stage", "no_backtracks")
       }
+      # In a relay, agent j's view holds the j messages before its own, so
+      # the work of a stage grows with the summed view length, not with n.
+      if all(r.get("view_lengths") for r in sel):
+        fits[mode]["no_backtracks_vs_sum_T"] = linear_fit(
+            [sum(r["view_lengths"]) for r in sel],
+            [r["no_backtracks_s"] for r in sel],
+        )
   if rows:
     results["scaling"]["fits"] = fits
   return results

@@ -232,17 +232,22 @@ def scaling_md(sc: dict[str, Any]) -> list[str]:
           "The demo config with n agents (all from the demo's base; relay, 1"
           " round, so rollout work grows with n), no held-out eval; views"
           " padded to multiples of 32. Median seconds per `run_stage` over the"
-          " stages after warm-up."
+          " stages after warm-up. An agent's update and scoring cost in"
+          " proportion to its view length T, which in a relay grows with the"
+          " agent's position, so a stage's cost follows the summed view"
+          " length rather than n; `reuse` takes one rollout per stage,"
+          " `resample` n (each of them n turns long)."
       ),
       "",
       (
-          "| n | mode | s/stage | rollouts/stage | rollout | update |"
-          " backtracks | scoring | other | tries per agent step | episodes/s |"
-          " compiles in measured stages |"
+          "| n | mode | s/stage | s/stage without backtracks |"
+          " rollouts/stage | rollout | update | backtracks | scoring | other |"
+          " tries per agent step | episodes/s | compiles in measured stages |"
+          " view T per agent |"
       ),
       (
           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---:"
-          " | ---: | ---: |"
+          " | ---: | ---: | ---: | --- |"
       ),
   ]
   for r in sc.get("rows", []):
@@ -253,16 +258,19 @@ def scaling_md(sc: dict[str, Any]) -> list[str]:
         f" {_f(r['update_s'])} | {_f(r['backtracks_s'])} |"
         f" {_f(r['scoring_s'])} | {_f(r['other_s'])} |"
         f" {_f(r['tries_mean'])} | {_f(r['episodes_per_s'], '.1f')} |"
-        f" {r.get('traces_measured')} |"
+        f" {r.get('traces_measured')} | {r.get('view_lengths', 'n/a')} |"
     )
   fits = sc.get("fits", {})
   lines += [
       "",
-      "Least-squares lines in n (seconds per stage; `no backtracks` = the"
-      " stage minus its retries, i.e. the cost had every first try been"
-      " accepted): "
+      "Least-squares lines of seconds per stage against n, and against sum"
+      " T, the summed view length of the n agents (in a relay agent j's view"
+      " holds the j messages before its own, so sum T grows faster than n;"
+      " `no backtracks` = the stage minus its retries, i.e. the cost had"
+      " every first try been accepted): "
       + "; ".join(
-          f"{mode} {key.replace('_', ' ')}: {_f(f['slope'])} n +"
+          f"{mode} {key.replace('_vs_sum_T', '').replace('_', ' ')}:"
+          f" {_f(f['slope'], '.4g')} {'sum T' if 'sum_T' in key else 'n'} +"
           f" {_f(f['intercept'])} (R^2 {_f(f['r2'], '.3f')})"
           for mode, by_key in fits.items()
           for key, f in by_key.items()

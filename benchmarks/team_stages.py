@@ -258,6 +258,7 @@ def run_scaling(args: dict[str, Any]) -> dict[str, Any]:
           mode=mode,
           run_s=time.perf_counter() - t0,
           stage_times_s=[s["stage_s"] for s in stages],
+          view_lengths=stages[-1]["view_lengths"],
       )
       rows.append(row)
   return {"base": str(base), "rows": rows}
