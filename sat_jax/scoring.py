@@ -441,6 +441,19 @@ def token_logprobs_and_entropy(
   )
 
 
+def _hidden_pair(
+    config_new, params_new, config_old, params_old, tokens_BxT, mask_BxT, remat
+):
+  """Final hidden states of both models; only the new side is rematted."""
+  h_new_BxTxD = models.hidden_states(
+      config_new, params_new, tokens_BxT, mask_BxT, remat=remat
+  )
+  h_old_BxTxD = models.hidden_states(
+      config_old, params_old, tokens_BxT, mask_BxT
+  )
+  return h_new_BxTxD, h_old_BxTxD
+
+
 def state_kl(
     config_new: models.ModelConfig,
     params_new: PyTree,
@@ -467,11 +480,14 @@ def state_kl(
         f" {config_new.vocab_size} (new) and {config_old.vocab_size} (old)"
     )
   _check_tokens(tokens_BxT, mask_BxT, "state_kl")
-  h_new_BxTxD = models.hidden_states(
-      config_new, params_new, tokens_BxT, mask_BxT, remat=remat
-  )
-  h_old_BxTxD = models.hidden_states(
-      config_old, params_old, tokens_BxT, mask_BxT
+  h_new_BxTxD, h_old_BxTxD = _hidden_pair(
+      config_new,
+      params_new,
+      config_old,
+      params_old,
+      tokens_BxT,
+      mask_BxT,
+      remat,
   )
   aligned_BxT = kl_from_hidden(
       h_new_BxTxD,
@@ -503,10 +519,9 @@ def token_logprobs_and_state_kl(
   stage-start params).
   """
   _check_tokens(tokens_BxT, mask_BxT, "token_logprobs_and_state_kl")
-  h_new_BxTxD = models.hidden_states(
-      config, params_new, tokens_BxT, mask_BxT, remat=remat
+  h_new_BxTxD, h_old_BxTxD = _hidden_pair(
+      config, params_new, config, params_old, tokens_BxT, mask_BxT, remat
   )
-  h_old_BxTxD = models.hidden_states(config, params_old, tokens_BxT, mask_BxT)
   w_new_DxV = models.unembed_matrix(config, params_new)
   logp_BxT = token_logprobs_from_hidden(
       h_new_BxTxD, w_new_DxV, _next_tokens(tokens_BxT), temperature, chunk_size

@@ -10,12 +10,14 @@ import functools
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import transformers
 
 from sat_jax import models
 from sat_jax import sampling
+from sat_jax import scoring
 from sat_jax import sharding
 from sat_jax import testing
 from sat_jax.tasks import base
@@ -349,3 +351,19 @@ def test_training_rollouts_sample_the_scored_distribution(toks):
     bad = dataclasses.replace(options, **change)
     with pytest.raises(ValueError, match=re.escape(next(iter(change)))):
       speaker_lib.LMSpeaker([agent], [r], [bad], CFG, training=True)
+
+
+def test_agent_kl_and_fused_pass_match_the_scoring_kernels():
+  agent = lm_agent.LMAgent(QWEN, TEMPERATURE)
+  p_new, p_old = _params(QWEN, 1), _params(QWEN, 2)
+  tokens = jax.random.randint(jax.random.key(3), (2, 12), 0, QWEN.vocab_size)
+  mask = jnp.arange(12)[None, :] < jnp.array([[12], [7]])
+  inputs = {"tokens_ExT": tokens, "mask_ExT": mask}
+  logp, kl = jax.jit(agent.logprobs_and_kl)(p_new, p_old, inputs)
+  kl_only = jax.jit(agent.state_kl)(p_new, p_old, inputs)
+  ref_kl = scoring.state_kl(QWEN, p_new, QWEN, p_old, tokens, mask, TEMPERATURE)
+  ref_logp = scoring.token_logprobs(QWEN, p_new, tokens, mask, TEMPERATURE)
+  assert np.asarray(ref_kl).max() > 1e-4  # two different models
+  np.testing.assert_allclose(kl_only, ref_kl, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(kl, ref_kl, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(logp, ref_logp, rtol=1e-5, atol=1e-6)

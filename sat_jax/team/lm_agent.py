@@ -92,15 +92,9 @@ class LMAgent:
   def state_kl(
       self, params_new: PyTree, params_old: PyTree, inputs: PyTree
   ) -> jax.Array:
-    """kl_ExT: exact KL(pi_new(.|s_t) || pi_old(.|s_t)) per position."""
-    return scoring.state_kl(
-        self.config,
-        params_new,
-        self.config,
-        jax.lax.stop_gradient(params_old),
-        inputs["tokens_ExT"],
-        inputs["mask_ExT"],
-        self.temperature,
-        self.chunk_size,
-        remat=self.remat,
-    )
+    """kl_ExT: exact KL(pi_new(.|s_t) || pi_old(.|s_t)) per position.
+
+    The fused pass's KL: under jit (where the core calls it) XLA drops the
+    unused log-prob head, so this costs what a KL-only kernel would.
+    """
+    return self.logprobs_and_kl(params_new, params_old, inputs)[1]
