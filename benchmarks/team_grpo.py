@@ -12,9 +12,9 @@ A step's time is the wall time from one optimizer step's end to the next
 
 sat_jax: one `run_stage` per step, method "single" on a 1-agent team, epochs
 = minibatches = 1 (so max_backtracks = 0: the core rejects backtracking with a
-single inner step, where a raised beta cannot change the retry), beta_init 0,
-delta 1e9 (GRPO has no trust region; the core still computes the KL monitor),
-no certificate. Two rollouts:
+single inner step, where a raised beta cannot change the retry), beta_init 0
+(the update is compiled without the KL term), delta = inf (GRPO has no trust
+region, so the core skips its KL monitor), no certificate. Two rollouts:
   team    `sat_jax.team.make_rollout_fn` (relay, 1 round, 1 agent): chat
           rendering, token streams, decoding, the task verifier; stop ids
           removed from the agent's sampling options after construction so
@@ -61,7 +61,7 @@ def _sat_config():
       method="single",
       max_backtracks=0,
       beta_init=0.0,
-      delta=1e9,
+      delta=float("inf"),
       certificate=None,
       update=update,
   )
@@ -323,7 +323,11 @@ def _time_lean(agent, cfg, params, batch, args) -> dict[str, Any]:
   kl = jax.jit(agent.state_kl)
   calls = {
       "lean_update": lambda: lean(params, opt_state, view, adv.adv_E),
-      "core_update_agent": core,
+      # As the GRPO step runs it (beta 0, delta inf) and with SAT's monitor.
+      "core_update_agent": lambda: core(kl_penalty=False, monitor=False),
+      "core_update_agent_monitored": lambda: core(
+          kl_penalty=False, monitor=True
+      ),
       "token_logprobs": lambda: score(params, view.inputs),
       "state_kl": lambda: kl(params, params, view.inputs),
   }

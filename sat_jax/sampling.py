@@ -287,7 +287,7 @@ def _generate(config, options, params, tokens_BxP, mask_BxP, key):
     params = transformer.unstack_layers(params, fuse=True)
     cache = cache.split_layers()
   h_BxPxD, cache = transformer.hidden_states_cached(
-      config, params, tokens_BxP, cache, mask_BxP
+      config, params, tokens_BxP, cache, mask_BxP, prefill=True
   )
   # The last real prompt token of each row (left or right padding).
   last_B = p - 1 - jnp.argmax(mask_BxP[:, ::-1], axis=1)

@@ -26,6 +26,7 @@ run's. Keys of rows starting with "time_" are wall times (not reproducible).
 
 import dataclasses
 import json
+import math
 import pathlib
 import shutil
 import time
@@ -237,9 +238,14 @@ def _stage_rows(
   accepted = [s for s in steps.values() if s["accepted"]]
   row["accepted"] = len(accepted)
   row["updates"] = len(steps)
-  row["max_kl_quantile"] = max((s["kl_quantile"] for s in accepted), default=0)
+  # Steps without a trust region (delta = inf) have no measured KL.
+  kls = [s["kl_quantile"] for s in accepted if "kl_quantile" in s]
+  if kls or not accepted:
+    row["max_kl_quantile"] = max(kls, default=0)
   row["inside_trust_region"] = all(
-      s["kl_quantile"] <= deltas[j] for j, s in steps.items() if s["accepted"]
+      s.get("kl_quantile", 0.0) <= deltas[j]
+      for j, s in steps.items()
+      if s["accepted"]
   )
   if record.certificate is not None:
     for term in plots.CERT_TERMS:
@@ -456,7 +462,7 @@ def train_and_evaluate(
       commit(stage)
       postfix = {
           "reward": f"{record.mean_reward:.3f}",
-          "kl": f"{stage_row['max_kl_quantile']:.4f}",
+          "kl": f"{stage_row.get('max_kl_quantile', math.nan):.4f}",
       }
       if summary is not None:
         postfix["acc"] = f"{summary[plots.accuracy_key(rows)]:.3f}"

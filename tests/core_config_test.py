@@ -11,6 +11,11 @@ def test_delta_must_be_positive(delta):
     C.SATConfig(delta=delta)
 
 
+def test_infinite_delta_means_no_trust_region():
+  cfg = C.SATConfig(delta=(0.1, float("inf")))
+  assert cfg.agent_deltas(2) == (0.1, float("inf"))
+
+
 @pytest.mark.parametrize("q", [0.0, 1.0, 1.5, -0.2])
 def test_quantile_must_lie_in_open_unit_interval(q):
   with pytest.raises(ValueError, match=r"quantile=.*\(0, 1\)"):

@@ -135,6 +135,27 @@ def test_gradient_at_the_behaviour_policy_is_the_policy_gradient():
   np.testing.assert_allclose(np.asarray(grad), expected, atol=1e-6)
 
 
+def _update(cfg, params, beta, kl_penalty, view, adv, c, delta=1e9):
+  state0 = agent_lib.init_team(
+      [AGENT], [jnp.asarray(params)], C.SATConfig(update=cfg, max_backtracks=0)
+  )[0]
+  return objective.update_agent(
+      AGENT,
+      cfg,
+      state0.params,
+      state0.opt_state,
+      state0.params,
+      jnp.float32(beta),
+      jnp.float32(1.0),
+      jnp.float32(delta),
+      view,
+      jnp.asarray(adv),
+      jnp.asarray(c),
+      jax.random.key(0),
+      kl_penalty=kl_penalty,
+  )
+
+
 def test_sgd_step_and_monitor_metrics():
   params, _, state, action, mask, _, view, adv, c = _problem(
       2, params_equal_behaviour=True
@@ -146,24 +167,8 @@ def test_sgd_step_and_monitor_metrics():
       quantile=0.75,
       optimizer=C.OptimizerConfig("sgd", lr, grad_clip=None),
   )
-  state0 = agent_lib.init_team(
-      [AGENT], [jnp.asarray(params)], C.SATConfig(update=cfg, max_backtracks=0)
-  )[0]
   delta = 1e-3
-  new, _, m = objective.update_agent(
-      AGENT,
-      cfg,
-      state0.params,
-      state0.opt_state,
-      state0.params,
-      jnp.float32(0.0),
-      jnp.float32(1.0),
-      jnp.float32(delta),
-      view,
-      jnp.asarray(adv),
-      jnp.asarray(c),
-      jax.random.key(0),
-  )
+  new, _, m, _ = _update(cfg, params, 0.0, True, view, adv, c, delta)
   step = lr * _numpy_policy_gradient(params, state, action, mask, adv, c)
   np.testing.assert_allclose(np.asarray(new), params + step, atol=1e-6)
   p_new, lp_new = np.exp(_log_softmax(new)), _log_softmax(new)
@@ -188,3 +193,29 @@ def test_masked_quantile_is_the_inverted_cdf():
       jnp.ones((2, 2)), jnp.zeros((2, 2), bool), 0.9
   )
   assert float(empty) == 0.0
+
+
+def test_update_without_kl_term_equals_beta_zero_and_returns_u():
+  params, _, state, action, mask, beh, view, adv, c = _problem(4)
+  cfg = C.UpdateConfig(
+      epochs=2,
+      minibatches=2,
+      optimizer=C.OptimizerConfig("sgd", 0.5, grad_clip=None),
+  )
+  p0, _, m0, u0 = _update(cfg, params, 0.0, True, view, adv, c)
+  p1, _, m1, u1 = _update(cfg, params, 0.0, False, view, adv, c)
+  np.testing.assert_allclose(np.asarray(p1), np.asarray(p0), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(u1), np.asarray(u0), atol=1e-6)
+  assert float(m1["kl_quantile"]) == pytest.approx(float(m0["kl_quantile"]))
+  # With beta > 0 the penalty changes the second step (able to fail).
+  p2, *_ = _update(cfg, params, 5.0, True, view, adv, c)
+  assert np.max(np.abs(np.asarray(p2) - np.asarray(p0))) > 1e-3
+  # u_E is the new params' sequence log-ratio (numpy, float64).
+  logp = _log_softmax(np.asarray(p1))[state, action]
+  expected = np.sum(np.where(mask, logp - beh, 0.0), axis=1)
+  np.testing.assert_allclose(np.asarray(u1), expected, atol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(objective.sequence_logratio(AGENT, p1, view)),
+      np.asarray(u1),
+      atol=1e-6,
+  )

@@ -53,7 +53,7 @@ def _leaves_equal(a, b):
 def test_rejected_update_leaves_the_agent_bitwise_unchanged():
   cfg = _cfg(delta=1e-12, max_backtracks=3)
   state, view, adv = _setup(cfg)
-  new, rec = trust_region.update_with_backtracking(
+  new, rec, _ = trust_region.update_with_backtracking(
       GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(1), cfg
   )
   assert not rec["accepted"] and rec["tries"] == 4
@@ -85,8 +85,8 @@ def test_raising_beta_changes_the_retried_step():
   cfg = _cfg(beta_init=2.0)
   state, view, adv = _setup(cfg)
   key = jax.random.key(2)
-  p1, _, _ = _try_scaled(cfg, state, view, adv, 2.0, 1.0, key)
-  p2, _, _ = _try_scaled(cfg, state, view, adv, 3.0, 1.0, key)
+  p1, _, _, _ = _try_scaled(cfg, state, view, adv, 2.0, 1.0, key)
+  p2, _, _, _ = _try_scaled(cfg, state, view, adv, 3.0, 1.0, key)
   assert not np.array_equal(np.asarray(p1), np.asarray(p2))
 
 
@@ -94,12 +94,12 @@ def test_backtrack_restores_params_and_optimizer_state():
   cfg = _cfg(backtrack_step_scale=0.5)
   state, view, adv = _setup(cfg)
   key = jax.random.key(2)
-  _, _, m1 = _try_scaled(cfg, state, view, adv, 0.05, 1.0, key)
-  p2, o2, m2 = _try_scaled(cfg, state, view, adv, 0.05 * 1.5, 0.5, key)
+  _, _, m1, _ = _try_scaled(cfg, state, view, adv, 0.05, 1.0, key)
+  p2, o2, m2, _ = _try_scaled(cfg, state, view, adv, 0.05 * 1.5, 0.5, key)
   q1, q2 = float(m1["kl_quantile"]), float(m2["kl_quantile"])
   assert q2 < q1  # a halved step moves less
   state = state.replace(delta=jnp.float32(0.5 * (q1 + q2)))
-  new, rec = trust_region.update_with_backtracking(
+  new, rec, _ = trust_region.update_with_backtracking(
       GAME.agents[0], state, view, adv.adv_E, adv.c_E, key, cfg
   )
   assert rec["accepted"] and rec["tries"] == 2
@@ -117,7 +117,7 @@ def test_accepted_updates_never_violate():
     for delta in (3e-4, 3e-3, 3e-2):
       cfg = _cfg(delta=delta, max_backtracks=2)
       state, view, adv = _setup(cfg, seed)
-      new, rec = trust_region.update_with_backtracking(
+      new, rec, _ = trust_region.update_with_backtracking(
           GAME.agents[0],
           state,
           view,
@@ -137,13 +137,13 @@ def test_beta_decays_after_a_first_try_acceptance():
   cfg = _cfg(delta=10.0)
   state, view, adv = _setup(cfg)
   state = state.replace(beta=jnp.float32(0.3))
-  new, rec = trust_region.update_with_backtracking(
+  new, rec, _ = trust_region.update_with_backtracking(
       GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(0), cfg
   )
   assert rec["accepted"] and rec["tries"] == 1
   np.testing.assert_allclose(float(new.beta), 0.3 / 1.5, rtol=1e-6)
   low = state.replace(beta=jnp.float32(0.06))
-  new, _ = trust_region.update_with_backtracking(
+  new, _, _ = trust_region.update_with_backtracking(
       GAME.agents[0], low, view, adv.adv_E, adv.c_E, jax.random.key(0), cfg
   )
   np.testing.assert_allclose(float(new.beta), 0.05, rtol=1e-6)  # beta_init
@@ -161,9 +161,48 @@ def test_a_nan_kl_is_a_violation_and_beta_is_capped():
   cfg = _cfg(delta=1.0, max_backtracks=2, beta_max=0.06)
   state, view, adv = _setup(cfg)
   agent = _NanKL(1, 3)
-  new, rec = trust_region.update_with_backtracking(
+  new, rec, _ = trust_region.update_with_backtracking(
       agent, state, view, adv.adv_E, adv.c_E, jax.random.key(0), cfg
   )
   assert not rec["accepted"] and np.isnan(float(rec["kl_quantile"]))
   assert _leaves_equal(new.params, state.params)
   assert float(new.beta) == pytest.approx(0.06)  # 0.05 * 1.5^3, capped
+
+
+def test_returned_log_ratio_is_that_of_the_kept_params():
+  for delta, accepted in ((1e-12, False), (1e3, True)):
+    cfg = _cfg(delta=delta, max_backtracks=1)
+    state, view, adv = _setup(cfg)
+    new, rec, u_E = trust_region.update_with_backtracking(
+        GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(1), cfg
+    )
+    assert bool(rec["accepted"]) == accepted
+    expected = objective.sequence_logratio(GAME.agents[0], new.params, view)
+    np.testing.assert_allclose(np.asarray(u_E), np.asarray(expected), atol=1e-6)
+    if accepted:
+      assert np.max(np.abs(np.asarray(u_E))) > 1e-4  # the params moved
+
+
+def test_infinite_delta_skips_the_monitor_unless_a_certificate_needs_it():
+  kept = {}
+  for certificate in (None, C.CertificateConfig()):
+    cfg = _cfg(delta=float("inf"), max_backtracks=2, certificate=certificate)
+    state, view, adv = _setup(cfg)
+    new, rec, u_E = trust_region.update_with_backtracking(
+        GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(2), cfg
+    )
+    assert rec["accepted"] and rec["tries"] == 1
+    assert ("kl_quantile" in rec) == (certificate is not None)
+    kept[certificate is None] = (new.params, u_E)
+  # The same update either way: the monitor only measures.
+  assert _leaves_equal(kept[True][0], kept[False][0])
+  np.testing.assert_allclose(
+      np.asarray(kept[True][1]), np.asarray(kept[False][1]), atol=1e-6
+  )
+  # A finite delta that the same update violates is enforced (able to fail).
+  cfg = _cfg(delta=1e-12, max_backtracks=0, certificate=None)
+  state, view, adv = _setup(cfg)
+  _, rec, _ = trust_region.update_with_backtracking(
+      GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(2), cfg
+  )
+  assert not rec["accepted"]

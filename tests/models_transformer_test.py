@@ -82,16 +82,19 @@ def test_left_and_right_padding_agree_and_padding_is_ignored():
   np.testing.assert_allclose(out[0, 4:], unpadded[0], atol=1e-5)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _prefill_then_decode(config, fused, params, prompt, prompt_mask, new_BxN):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _prefill_then_decode(
+    config, fused, prefill, params, prompt, prompt_mask, new_BxN
+):
   """Stacked-layer prefill, then decode over unstacked (unrolled) layers.
 
   `fused`: decode with the fused projections and a per-layer (split) cache,
-  as `sampling.sample` does for shallow models.
+  as `sampling.sample` does for shallow models. `prefill`: the prompt
+  attends over its own keys only (the empty-cache shortcut).
   """
   cache = models.init_cache(config, prompt.shape[0], prompt.shape[1] + 4)
   h, cache = models.hidden_states_cached(
-      config, params, prompt, cache, prompt_mask
+      config, params, prompt, cache, prompt_mask, prefill=prefill
   )
   outs = [models.logits_from_hidden(config, params, h)]
   params = models.unstack_layers(params, fuse=fused)
@@ -105,11 +108,11 @@ def _prefill_then_decode(config, fused, params, prompt, prompt_mask, new_BxN):
   return jnp.concatenate(outs, axis=1), cache
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused,prefill", [(False, False), (True, True)])
 @pytest.mark.parametrize(
     "family", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow), "llama"]
 )
-def test_cached_decoding_equals_uncached_forward(family, fused):
+def test_cached_decoding_equals_uncached_forward(family, fused, prefill):
   config = testing.tiny_config(family)
   params = _params(family)
   tokens = _tokens(3, (3, 10))
@@ -117,7 +120,7 @@ def test_cached_decoding_equals_uncached_forward(family, fused):
   mask[1, :3] = 0  # left padded prompt
   mask[2, :5] = 0
   cached, cache = _prefill_then_decode(
-      config, fused, params, tokens[:, :6], mask[:, :6], tokens[:, 6:]
+      config, fused, prefill, params, tokens[:, :6], mask[:, :6], tokens[:, 6:]
   )
   full = _forward(config, params, tokens, mask)
   real = mask.astype(bool)
@@ -137,7 +140,9 @@ def test_chunked_prefill_equals_one_shot():
   def run(params, tokens):
     cache = models.init_cache(_CONFIG, 2, 8)
     h_all, _ = models.hidden_states_cached(_CONFIG, params, tokens, cache)
-    h1, c = models.hidden_states_cached(_CONFIG, params, tokens[:, :3], cache)
+    h1, c = models.hidden_states_cached(
+        _CONFIG, params, tokens[:, :3], cache, prefill=True
+    )
     h2, _ = models.hidden_states_cached(_CONFIG, params, tokens[:, 3:], c)
     return jnp.concatenate([h1, h2], 1), h_all
 

@@ -157,3 +157,20 @@ def test_stage_rows_flag_an_accepted_update_outside_its_region():
   assert row["inside_trust_region"]
   row, _ = train._stage_rows(record, [result], [0.05, 0.03])  # pylint: disable=protected-access
   assert not row["inside_trust_region"]
+
+
+def test_stage_rows_without_a_trust_region_report_no_kl():
+  steps = (
+      {"agent": 0, "accepted": True, "tries": 1},  # delta = inf: unmonitored
+      {"agent": 1, "accepted": True, "kl_quantile": 0.02, "tries": 1},
+  )
+  record = stage_lib.StageRecord((0, 1), steps, None, 0.5)
+  result = train.team_lib.RolloutResult(None, (), {"rollout_s": 1.0})
+  inf = float("inf")
+  row, _ = train._stage_rows(record, [result], [inf, 0.05])  # pylint: disable=protected-access
+  assert row["inside_trust_region"] and row["max_kl_quantile"] == 0.02
+  row, _ = train._stage_rows(record, [result], [inf, 0.01])  # pylint: disable=protected-access
+  assert not row["inside_trust_region"]
+  record = stage_lib.StageRecord((0,), steps[:1], None, 0.5)
+  row, _ = train._stage_rows(record, [result], [inf])  # pylint: disable=protected-access
+  assert row["inside_trust_region"] and "max_kl_quantile" not in row

@@ -137,7 +137,7 @@ class SATConfig:
   method: str = "sat"  # one of METHODS ("joint", "single", "none": baselines)
   order: str | tuple[int, ...] = "static"  # one of ORDERS, or a permutation
   advantage_mode: str = "reuse"  # one of ADVANTAGE_MODES
-  delta: float | tuple[float, ...] = 0.05  # KL radius, one or per agent
+  delta: float | tuple[float, ...] = 0.05  # KL radius per agent; inf: none
   beta_init: float = 1e-3
   beta_raise: float = 1.5  # beta *= beta_raise on a backtrack
   beta_max: float = 1e6  # cap on beta (it persists across stages)
@@ -160,8 +160,8 @@ class SATConfig:
       )
     check_choice("advantage_mode", self.advantage_mode, ADVANTAGE_MODES)
     deltas = self.delta if isinstance(self.delta, tuple) else (self.delta,)
-    for d in deltas:
-      _check(math.isfinite(d) and d > 0, "delta", self.delta, "> 0")
+    for d in deltas:  # inf: no trust region (trust_region.py)
+      _check(d > 0, "delta", self.delta, "> 0 (inf: no trust region)")
     _check(self.beta_init >= 0, "beta_init", self.beta_init, ">= 0")
     _check(self.beta_raise > 1, "beta_raise", self.beta_raise, "> 1")
     _check(

@@ -16,6 +16,10 @@ c(tau) of advantage.py:
 where S_j are j's states in the (mini)batch and pi_j^cur is j's stage-start
 policy (its params when the update starts). The KL is the agent's exact
 `state_kl`, called inside the loss so that the penalty is differentiated.
+When beta is 0 the penalty term is left out of the compiled loss altogether
+(`kl_penalty=False`, a static argument): its reference forward pass and
+full-vocabulary KL would cost about a third of the update for a term that
+is 0 (plain GRPO/PPO runs, beta_init = 0, where beta stays 0).
 Positions where j does not act are excluded with `where`, never multiplied
 by a mask, so a non-finite value there cannot leak into the loss.
 """
@@ -107,16 +111,26 @@ def own_logratio(agent, params, view: batch_lib.AgentView) -> jax.Array:
   return _own_logratio(agent.token_logprobs(params, view.inputs), view)
 
 
-def agent_loss(params, ref_params, agent, cfg, view, adv_E, c_E, beta):
-  """-L_j + beta * mean KL (module docstring); returns (loss, metrics)."""
-  logp_ExT, kl_ExT = agent_lib.logprobs_and_kl(
-      agent, params, ref_params, view.inputs
-  )
+def agent_loss(
+    params, ref_params, agent, cfg, view, adv_E, c_E, beta, kl_penalty=True
+):
+  """-L_j + beta * mean KL (module docstring); returns (loss, metrics).
+
+  With `kl_penalty=False` (static) the loss is -L_j alone and `beta` and
+  `ref_params` are not used.
+  """
+  if kl_penalty:
+    logp_ExT, kl_ExT = agent_lib.logprobs_and_kl(
+        agent, params, ref_params, view.inputs
+    )
+  else:
+    logp_ExT = agent.token_logprobs(params, view.inputs)
   surrogate, clip_fraction = RATIO_MODES[cfg.ratio_mode](
       _own_logratio(logp_ExT, view), view.mask_ExT, adv_E, c_E, cfg
   )
-  kl_mean = masked_mean(kl_ExT, view.mask_ExT)
-  loss = -surrogate + beta * kl_mean
+  loss = -surrogate
+  if kl_penalty:
+    loss = loss + beta * masked_mean(kl_ExT, view.mask_ExT)
   return loss, {"surrogate": surrogate, "clip_fraction": clip_fraction}
 
 
@@ -124,7 +138,9 @@ def _take(tree, idx):
   return jax.tree.map(lambda x: jnp.take(x, idx, axis=0), tree)
 
 
-@functools.partial(jax.jit, static_argnames=("agent", "cfg"))
+@functools.partial(
+    jax.jit, static_argnames=("agent", "cfg", "kl_penalty", "monitor")
+)
 def update_agent(
     agent: agent_lib.Agent,
     cfg: config_lib.UpdateConfig,
@@ -138,15 +154,22 @@ def update_agent(
     adv_E: jax.Array,
     c_E: jax.Array,
     key: jax.Array,
-) -> tuple[PyTree, PyTree, Metrics]:
+    kl_penalty: bool = True,
+    monitor: bool = True,
+) -> tuple[PyTree, PyTree, Metrics, jax.Array]:
   """One try of OPTIMIZE(L_j): epochs x minibatches of optax steps.
 
   `ref_params` is pi_j^cur, the KL reference: the stage-start params (the
   stage loop passes `params` itself, since each agent is updated once per
-  stage and starts there). Returns the new params and optimizer state and
-  scalar metrics; metrics["violated"] is
-  whether the (1 - alpha)-quantile of the per-state KL over j's states
-  exceeds delta (the one scalar the host reads to decide a backtrack).
+  stage and starts there). `kl_penalty=False` compiles the loss without its
+  KL term (for beta = 0; module docstring). Returns the new params and
+  optimizer state, scalar metrics, and u_E (the new params' per-episode
+  sequence log-ratio of `sequence_logratio`, from the monitor's pass, so
+  the stage loop needs no second pass); metrics["violated"] is whether the
+  (1 - alpha)-quantile of the per-state KL over j's states exceeds delta
+  (the one scalar the host reads to decide a backtrack). `monitor=False`
+  (no trust region: delta = inf and no certificate) skips the KL pass: the
+  kl_* metrics are then absent and violated is False.
   """
   tracing.count_trace("update_agent")
   tx = agent_lib.make_optimizer(cfg.optimizer)
@@ -157,7 +180,15 @@ def update_agent(
     params, opt_state = carry
     sub_view, sub_adv, sub_c = _take((view, adv_E, c_E), idx)
     (_, aux), grads = grad_fn(
-        params, ref_params, agent, cfg, sub_view, sub_adv, sub_c, beta
+        params,
+        ref_params,
+        agent,
+        cfg,
+        sub_view,
+        sub_adv,
+        sub_c,
+        beta,
+        kl_penalty,
     )
     updates, opt_state = tx.update(grads, opt_state, params)
     updates = jax.tree.map(lambda u: u * step_scale, updates)
@@ -173,26 +204,33 @@ def update_agent(
   (new_params, new_opt_state), grad_norm = jax.lax.scan(
       epoch, (params, opt_state), jax.random.split(key, cfg.epochs)
   )
-  logp_ExT, kl_ExT = agent_lib.logprobs_and_kl(
-      agent, new_params, ref_params, view.inputs
-  )
-  kl_quantile = masked_quantile(kl_ExT, view.mask_ExT, cfg.quantile)
+  if monitor:
+    logp_ExT, kl_ExT = agent_lib.logprobs_and_kl(
+        agent, new_params, ref_params, view.inputs
+    )
+    kl_quantile = masked_quantile(kl_ExT, view.mask_ExT, cfg.quantile)
+    metrics = {
+        # NaN-safe: a non-finite KL counts as a violation, never as a pass.
+        "violated": jnp.logical_not(kl_quantile <= delta),
+        "kl_quantile": kl_quantile,
+        "kl_mean": masked_mean(kl_ExT, view.mask_ExT),
+        "kl_max": jnp.max(jnp.where(view.mask_ExT, kl_ExT, 0.0)),
+        "violation_rate": masked_mean(
+            (kl_ExT > delta).astype(jnp.float32), view.mask_ExT
+        ),
+    }
+  else:
+    logp_ExT = agent.token_logprobs(new_params, view.inputs)
+    metrics = {"violated": jnp.asarray(False)}
   surrogate_fn = RATIO_MODES[cfg.ratio_mode]
+  logratio_ExT = _own_logratio(logp_ExT, view)
   new_surrogate, clip_fraction = surrogate_fn(
-      _own_logratio(logp_ExT, view), view.mask_ExT, adv_E, c_E, cfg
+      logratio_ExT, view.mask_ExT, adv_E, c_E, cfg
   )
   old_surrogate, _ = surrogate_fn(
-      jnp.zeros_like(kl_ExT), view.mask_ExT, adv_E, c_E, cfg
+      jnp.zeros_like(logratio_ExT), view.mask_ExT, adv_E, c_E, cfg
   )
-  metrics = {
-      # NaN-safe: a non-finite KL counts as a violation, never as a pass.
-      "violated": jnp.logical_not(kl_quantile <= delta),
-      "kl_quantile": kl_quantile,
-      "kl_mean": masked_mean(kl_ExT, view.mask_ExT),
-      "kl_max": jnp.max(jnp.where(view.mask_ExT, kl_ExT, 0.0)),
-      "violation_rate": masked_mean(
-          (kl_ExT > delta).astype(jnp.float32), view.mask_ExT
-      ),
+  metrics |= {
       "surrogate_gain": new_surrogate - old_surrogate,
       "clip_fraction": clip_fraction,
       "grad_norm": jnp.mean(grad_norm),
@@ -201,15 +239,16 @@ def update_agent(
       "mean_c": jnp.mean(c_E),
       "min_c": jnp.min(c_E),
   }
-  return new_params, new_opt_state, metrics
+  return new_params, new_opt_state, metrics, jnp.sum(logratio_ExT, axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("agent", "cfg"))
 def surrogate_grad_norm(agent, cfg, params, view, adv_E, c_E) -> jax.Array:
   """||grad L_j|| at the stage-start params: the greedy order's measure."""
   tracing.count_trace("surrogate_grad_norm")
+  # No KL term: at params == ref_params its gradient is exactly 0.
   grads, _ = jax.grad(agent_loss, has_aux=True)(
-      params, params, agent, cfg, view, adv_E, c_E, 0.0
+      params, params, agent, cfg, view, adv_E, c_E, 0.0, False
   )
   return optax.tree.norm(grads)
 

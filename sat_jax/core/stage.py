@@ -130,7 +130,7 @@ def run_stage(
       batch_lib.validate_batch(batch, num_agents, cfg.update.minibatches)
     view = batch.views[j]
     adv = _advantages(batch, log_rho_E, cfg)
-    state, record = trust_region.update_with_backtracking(
+    state, record, u_E = trust_region.update_with_backtracking(
         agents[j],
         start[j],
         view,
@@ -139,7 +139,6 @@ def run_stage(
         update_keys[j],
         cfg,
     )
-    u_E = objective.sequence_logratio(agents[j], state.params, view)
     if cfg.certificate is not None:
       lo, hi = cfg.certificate.reward_bounds
       record.update(

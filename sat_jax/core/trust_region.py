@@ -14,9 +14,14 @@ the gradient scale); step halving does, so use it for small radii.
 
 If all 1 + max_backtracks tries violate, the update is rejected: the agent
 keeps its pre-update params and optimizer state (the very same arrays); a
-violating update is never kept. beta follows config.py's rule.
+violating update is never kept. beta follows config.py's rule. A try with
+beta = 0 runs the update compiled without the KL term (`update_agent`'s
+`kl_penalty`), which computes the same loss. delta = inf means no trust
+region: with no certificate to feed, the KL monitor is skipped (every try
+is accepted and the record has no kl_* entries).
 """
 
+import math
 from typing import Any
 
 import jax
@@ -37,19 +42,21 @@ def update_with_backtracking(
     c_E: jax.Array,
     key: jax.Array,
     cfg: config_lib.SATConfig,
-) -> tuple[agent_lib.AgentState, Metrics]:
+) -> tuple[agent_lib.AgentState, Metrics, jax.Array]:
   """Tries the update until the KL quantile is within delta, or rejects it.
 
-  Returns the new state and a flat dict of (device) scalars: accepted, tries,
+  Returns the new state, a flat dict of (device) scalars: accepted, tries,
   beta (of the last try), the last try's monitor metrics, the first try's
-  violation rate, and num_states / num_own_episodes of the agent.
+  violation rate, and num_states / num_own_episodes of the agent; and u_E,
+  the kept params' per-episode sequence log-ratio (`sequence_logratio`).
   """
-  beta = float(jax.device_get(state.beta))
+  beta, delta = map(float, jax.device_get((state.beta, state.delta)))
+  monitor = math.isfinite(delta) or cfg.certificate is not None
   step_scale = 1.0
   first_violation_rate = None
   for attempt in range(cfg.max_backtracks + 1):
     last_beta = beta
-    params, opt_state, metrics = objective.update_agent(
+    params, opt_state, metrics, u_E = objective.update_agent(
         agent,
         cfg.update,
         state.params,
@@ -62,9 +69,11 @@ def update_with_backtracking(
         adv_E,
         c_E,
         key,
+        kl_penalty=beta > 0,
+        monitor=monitor,
     )
     if first_violation_rate is None:
-      first_violation_rate = metrics["violation_rate"]
+      first_violation_rate = metrics.get("violation_rate", 0.0)
     # The one device scalar the host reads per try.
     accepted = not bool(jax.device_get(metrics.pop("violated")))
     if accepted:
@@ -89,4 +98,5 @@ def update_with_backtracking(
     record["beta"] = last_beta
     record["surrogate_gain"] = 0.0
     new_state = state.replace(beta=agent_lib.scalar(beta))
-  return new_state, record
+    u_E = objective.sequence_logratio(agent, state.params, view)
+  return new_state, record, u_E

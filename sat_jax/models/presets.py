@@ -73,10 +73,3 @@ def get_preset(name: str) -> ModelConfig:
   if name not in PRESETS:
     raise ConfigError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
   return PRESETS[name]
-
-
-def get_preset(name: str) -> ModelConfig:
-  """The preset `name` (see PRESETS)."""
-  if name not in PRESETS:
-    raise ConfigError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
-  return PRESETS[name]

@@ -307,10 +307,16 @@ def hidden_states_cached(
     cache: KVCache,
     mask_BxT: jax.Array | None = None,
     positions_BxT: jax.Array | None = None,
+    *,
+    prefill: bool = False,
 ) -> tuple[jax.Array, KVCache]:
   """Runs T new tokens against the cache: (h_BxTxD, cache with them added).
 
   Used for both prefill (T = prompt bucket, empty cache) and decode (T = 1).
+  `prefill=True` promises an empty cache (index 0, no valid slot): the
+  tokens then attend over their own T keys, not over all S slots of which
+  only T can be valid (half the attention work of a prompt as long as the
+  generation); the cache is written the same.
   Default positions continue each row's count of real tokens. The caller
   keeps index + T <= num_slots (`dynamic_update_slice` would clamp).
   `params["layers"]` may be stacked (a `lax.scan`; the cache must be
@@ -331,6 +337,11 @@ def hidden_states_cached(
   allowed_BxTxS = (mask_BxS[:, None, :] > 0) & (
       key_slot_S[None, None, :] <= query_slot_T[None, :, None]
   )
+  if prefill:
+    slot_T = jnp.arange(t)
+    allowed_BxTxS = (mask_BxT[:, None, :] > 0) & (
+        slot_T[None, None, :] <= slot_T[None, :, None]
+    )
   cos, sin = layers.rope_tables(config, positions_BxT)
 
   def write(kt_cache, v_cache, kt, v, lead_index=()):
@@ -356,7 +367,9 @@ def hidden_states_cached(
     for i, lp in enumerate(params["layers"]):
       q, kt, v = layers.qkv(config, lp, x, cos, sin)
       kts[i], vs[i] = write(kts[i], vs[i], kt, v)
-      x = attend(x, lp, q, kts[i], vs[i])
+      if prefill:  # the new keys as stored (the cache's dtype)
+        kt, v = kt.astype(kts[i].dtype), v.astype(vs[i].dtype)
+      x = attend(x, lp, q, *((kt, v) if prefill else (kts[i], vs[i])))
     kt_out, v_out = tuple(kts), tuple(vs)
     if not cache.is_split:  # keep the caller's layout
       kt_out, v_out = jnp.stack(kt_out), jnp.stack(v_out)
@@ -371,6 +384,9 @@ def hidden_states_cached(
       lp, layer = xs
       q, kt, v = layers.qkv(config, lp, x, cos, sin)
       kt_all, v_all = write(kt_all, v_all, kt[None], v[None], (layer,))
+      if prefill:  # the new keys as stored (the cache's dtype)
+        kt, v = kt.astype(kt_all.dtype), v.astype(v_all.dtype)
+        return (attend(x, lp, q, kt, v), kt_all, v_all), None
       kt_l = jax.lax.dynamic_index_in_dim(kt_all, layer, keepdims=False)
       v_l = jax.lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
       return (attend(x, lp, q, kt_l, v_l), kt_all, v_all), None
