@@ -332,16 +332,16 @@ def hidden_states_cached(
     positions_BxT = seen_B[:, None] + default_positions(mask_BxT)
   index = cache.index
   mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxT, (0, index))
-  query_slot_T = index + jnp.arange(t)
-  key_slot_S = jnp.arange(cache.num_slots)
-  allowed_BxTxS = (mask_BxS[:, None, :] > 0) & (
+  # Keys: every cache slot, or (prefill) only the T new ones.
+  key_mask_BxS, key_slot_S = (
+      (mask_BxT, jnp.arange(t))
+      if prefill
+      else (mask_BxS, jnp.arange(cache.num_slots))
+  )
+  query_slot_T = (0 if prefill else index) + jnp.arange(t)
+  allowed_BxTxS = (key_mask_BxS[:, None, :] > 0) & (
       key_slot_S[None, None, :] <= query_slot_T[None, :, None]
   )
-  if prefill:
-    slot_T = jnp.arange(t)
-    allowed_BxTxS = (mask_BxT[:, None, :] > 0) & (
-        slot_T[None, None, :] <= slot_T[None, :, None]
-    )
   cos, sin = layers.rope_tables(config, positions_BxT)
 
   def write(kt_cache, v_cache, kt, v, lead_index=()):
