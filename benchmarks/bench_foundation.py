@@ -431,6 +431,13 @@ def _parse_args():
   ns.dtypes = ns.dtypes.split(",")
   if set(ns.dtypes) - {"float32", "bfloat16"}:
     parser.error("--dtypes: float32 and/or bfloat16")
+  if ns.update_md and not ns.render_only and set(ns.parts) != set(PARTS):
+    # The section is rendered from this run alone: a partial run would
+    # drop the other parts' tables from BENCHMARKS.md.
+    parser.error(
+        "--update_md rewrites the whole Foundation section: run all"
+        " --parts (a partial run writes results.md only)"
+    )
   ns.out_dir = pathlib.Path(ns.out_dir)
   return ns
 

@@ -236,3 +236,23 @@ def test_a_stage_makes_no_implicit_host_transfer():
   with jax.transfer_guard("disallow"):
     _, record = stage.run_stage(game.agents, team, rollout, cfg, k1)
   assert len(record.steps) == 2
+
+
+def test_the_last_reuse_step_skips_the_unread_log_ratio(monkeypatch):
+  """No trust region, no certificate, reuse: only the stage's last agent's
+  u_E is unread, so only its update skips the pass over the new params;
+  the team ends the same as when every u_E is computed."""
+  game = games.matrix_game(np.random.default_rng(4).normal(size=(3, 3, 3)))
+  cfg = _cfg(game, delta=float("inf"), certificate=None, order=(2, 0, 1))
+  team, (record,) = _run(game, cfg, stages=1)
+  assert [("surrogate_gain" in s) for s in record.steps] == [True, True, False]
+  real = trust_region.update_with_backtracking
+
+  def always_measure(*args, need_logratio, **kw):
+    del need_logratio
+    return real(*args, need_logratio=True, **kw)
+
+  monkeypatch.setattr(trust_region, "update_with_backtracking", always_measure)
+  team_all, (record_all,) = _run(game, cfg, stages=1)
+  assert all("surrogate_gain" in s for s in record_all.steps)
+  assert _equal(team, team_all)

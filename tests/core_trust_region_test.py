@@ -206,3 +206,57 @@ def test_infinite_delta_skips_the_monitor_unless_a_certificate_needs_it():
       GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(2), cfg
   )
   assert not rec["accepted"]
+
+
+def test_unread_log_ratio_skips_the_pass_over_the_new_params():
+  """need_logratio=False without a monitor: the same update, no u_E and no
+  new-params metrics; with a monitor (finite delta) the pass still runs."""
+
+  def update(delta, need_logratio):
+    cfg = _cfg(delta=delta, max_backtracks=0, certificate=None)
+    state, view, adv = _setup(cfg)
+    return trust_region.update_with_backtracking(
+        GAME.agents[0],
+        state,
+        view,
+        adv.adv_E,
+        adv.c_E,
+        jax.random.key(3),
+        cfg,
+        need_logratio=need_logratio,
+    )
+
+  new_t, rec_t, u_t = update(float("inf"), True)
+  new_f, rec_f, u_f = update(float("inf"), False)
+  assert _leaves_equal(new_t.params, new_f.params)
+  assert _leaves_equal(new_t.opt_state, new_f.opt_state)
+  assert u_f is None and u_t is not None
+  assert "surrogate_gain" in rec_t and "surrogate_gain" not in rec_f
+  assert "clip_fraction" not in rec_f and rec_f["accepted"]
+  np.testing.assert_allclose(
+      float(rec_f["grad_norm"]), float(rec_t["grad_norm"])
+  )
+  _, rec, u_E = update(1e3, False)
+  assert u_E is not None and "kl_quantile" in rec
+
+
+def test_update_agent_refuses_a_monitor_without_the_measuring_pass():
+  cfg = _cfg(delta=1.0)
+  state, view, adv = _setup(cfg)
+  with pytest.raises(ValueError, match="measure_new"):
+    objective.update_agent(
+        GAME.agents[0],
+        cfg.update,
+        state.params,
+        state.opt_state,
+        state.params,
+        0.0,
+        1.0,
+        1.0,
+        view,
+        adv.adv_E,
+        adv.c_E,
+        jax.random.key(0),
+        monitor=True,
+        measure_new=False,
+    )

@@ -139,7 +139,8 @@ def _take(tree, idx):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("agent", "cfg", "kl_penalty", "monitor")
+    jax.jit,
+    static_argnames=("agent", "cfg", "kl_penalty", "monitor", "measure_new"),
 )
 def update_agent(
     agent: agent_lib.Agent,
@@ -156,7 +157,8 @@ def update_agent(
     key: jax.Array,
     kl_penalty: bool = True,
     monitor: bool = True,
-) -> tuple[PyTree, PyTree, Metrics, jax.Array]:
+    measure_new: bool = True,
+) -> tuple[PyTree, PyTree, Metrics, jax.Array | None]:
   """One try of OPTIMIZE(L_j): epochs x minibatches of optax steps.
 
   `ref_params` is pi_j^cur, the KL reference: the stage-start params (the
@@ -169,8 +171,14 @@ def update_agent(
   (1 - alpha)-quantile of the per-state KL over j's states exceeds delta
   (the one scalar the host reads to decide a backtrack). `monitor=False`
   (no trust region: delta = inf and no certificate) skips the KL pass: the
-  kl_* metrics are then absent and violated is False.
+  kl_* metrics are then absent and violated is False. `measure_new=False`
+  (only without the monitor) skips the pass over the new params
+  altogether, for an update whose u_E nothing reads (the stage's last
+  agent when there is no certificate): u_E is then None and the
+  new-params metrics (surrogate_gain, clip_fraction) are absent.
   """
+  if monitor and not measure_new:
+    raise ValueError("the KL monitor measures the new params: measure_new")
   tracing.count_trace("update_agent")
   tx = agent_lib.make_optimizer(cfg.optimizer)
   num_e = adv_E.shape[0]
@@ -204,12 +212,22 @@ def update_agent(
   (new_params, new_opt_state), grad_norm = jax.lax.scan(
       epoch, (params, opt_state), jax.random.split(key, cfg.epochs)
   )
+  metrics = {
+      "violated": jnp.asarray(False),
+      "grad_norm": jnp.mean(grad_norm),
+      "num_states": jnp.sum(view.mask_ExT),
+      "num_own_episodes": jnp.sum(jnp.any(view.mask_ExT, axis=1)),
+      "mean_c": jnp.mean(c_E),
+      "min_c": jnp.min(c_E),
+  }
+  if not measure_new:
+    return new_params, new_opt_state, metrics, None
   if monitor:
     logp_ExT, kl_ExT = agent_lib.logprobs_and_kl(
         agent, new_params, ref_params, view.inputs
     )
     kl_quantile = masked_quantile(kl_ExT, view.mask_ExT, cfg.quantile)
-    metrics = {
+    metrics |= {
         # NaN-safe: a non-finite KL counts as a violation, never as a pass.
         "violated": jnp.logical_not(kl_quantile <= delta),
         "kl_quantile": kl_quantile,
@@ -221,7 +239,6 @@ def update_agent(
     }
   else:
     logp_ExT = agent.token_logprobs(new_params, view.inputs)
-    metrics = {"violated": jnp.asarray(False)}
   surrogate_fn = RATIO_MODES[cfg.ratio_mode]
   logratio_ExT = _own_logratio(logp_ExT, view)
   new_surrogate, clip_fraction = surrogate_fn(
@@ -233,11 +250,6 @@ def update_agent(
   metrics |= {
       "surrogate_gain": new_surrogate - old_surrogate,
       "clip_fraction": clip_fraction,
-      "grad_norm": jnp.mean(grad_norm),
-      "num_states": jnp.sum(view.mask_ExT),
-      "num_own_episodes": jnp.sum(jnp.any(view.mask_ExT, axis=1)),
-      "mean_c": jnp.mean(c_E),
-      "min_c": jnp.min(c_E),
   }
   return new_params, new_opt_state, metrics, jnp.sum(logratio_ExT, axis=1)
 

@@ -138,6 +138,9 @@ def run_stage(
         adv.c_E,
         update_keys[j],
         cfg,
+        # Read by the certificate, or by the next agents' ratios (reuse).
+        need_logratio=cfg.certificate is not None
+        or (reuse and i < len(sigma) - 1),
     )
     if cfg.certificate is not None:
       lo, hi = cfg.certificate.reward_bounds
@@ -151,7 +154,7 @@ def run_stage(
               epsilon_high=cfg.update.eps_high,
           )
       )
-    if reuse and record["accepted"]:
+    if reuse and record["accepted"] and u_E is not None:
       log_rho_E = log_rho_E + u_E
     new_team[j] = state
     steps.append(dict(record, agent=j, position=i))

@@ -42,16 +42,22 @@ def update_with_backtracking(
     c_E: jax.Array,
     key: jax.Array,
     cfg: config_lib.SATConfig,
-) -> tuple[agent_lib.AgentState, Metrics, jax.Array]:
+    *,
+    need_logratio: bool = True,
+) -> tuple[agent_lib.AgentState, Metrics, jax.Array | None]:
   """Tries the update until the KL quantile is within delta, or rejects it.
 
   Returns the new state, a flat dict of (device) scalars: accepted, tries,
   beta (of the last try), the last try's monitor metrics, the first try's
   violation rate, and num_states / num_own_episodes of the agent; and u_E,
   the kept params' per-episode sequence log-ratio (`sequence_logratio`).
+  With `need_logratio=False` and no monitor (delta = inf, no certificate)
+  nothing measures the new params: u_E is None and the record has no
+  surrogate_gain / clip_fraction (`update_agent`'s `measure_new`).
   """
   beta, delta = map(float, jax.device_get((state.beta, state.delta)))
   monitor = math.isfinite(delta) or cfg.certificate is not None
+  measure_new = monitor or need_logratio
   step_scale = 1.0
   first_violation_rate = None
   for attempt in range(cfg.max_backtracks + 1):
@@ -71,6 +77,7 @@ def update_with_backtracking(
         key,
         kl_penalty=beta > 0,
         monitor=monitor,
+        measure_new=measure_new,
     )
     if first_violation_rate is None:
       first_violation_rate = metrics.get("violation_rate", 0.0)
@@ -98,5 +105,6 @@ def update_with_backtracking(
     record["beta"] = last_beta
     record["surrogate_gain"] = 0.0
     new_state = state.replace(beta=agent_lib.scalar(beta))
-    u_E = objective.sequence_logratio(agent, state.params, view)
+    if measure_new:
+      u_E = objective.sequence_logratio(agent, state.params, view)
   return new_state, record, u_E

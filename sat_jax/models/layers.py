@@ -17,6 +17,7 @@ import numpy as np
 
 from sat_jax import sharding
 from sat_jax.models import config as config_lib
+from sat_jax.models import swiglu
 
 # A finite "minus infinity": a query row whose keys are all masked (a padding
 # query) gets a uniform softmax instead of NaNs, so gradients stay finite.
@@ -208,24 +209,30 @@ def attn_out_and_mlp(
   """Residual output projection, then the residual SwiGLU MLP.
 
   x += o(attn); x += W_down (silu(W_gate h) * W_up h), h = RMSNorm(x).
+  With the checkpoint's separate projections the MLP is
+  `swiglu.swiglu_residual` (hand-written backward pass); the decode-time
+  fused gate/up of `fuse_layer` computes the same values without one.
   """
   x = x_BxTxD + dot("btnh,nhd->btd", attn_BxTxHxHd, lp["o_proj"])
   x = sharding.shard(x, _EMBED)
+  if "gate_up_fused" not in lp:  # the training/scoring path
+    return swiglu.swiglu_residual(
+        x,
+        lp["mlp_norm"],
+        lp["gate_proj"],
+        lp["up_proj"],
+        lp["down_proj"],
+        config.rms_norm_eps,
+    )
+  # Decode time (no gradients): one matmul for gate and up.
   h = rms_norm(x, lp["mlp_norm"], config.rms_norm_eps)
-  if "gate_up_fused" in lp:
-    gate_up = jnp.einsum(
-        "btd,dzf->btzf",
-        h,
-        lp["gate_up_fused"],
-        preferred_element_type=jnp.float32,
-    )
-    gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
-  else:
-    spec = "btd,df->btf"
-    gate = jnp.einsum(
-        spec, h, lp["gate_proj"], preferred_element_type=jnp.float32
-    )
-    up = jnp.einsum(spec, h, lp["up_proj"], preferred_element_type=jnp.float32)
+  gate_up = jnp.einsum(
+      "btd,dzf->btzf",
+      h,
+      lp["gate_up_fused"],
+      preferred_element_type=jnp.float32,
+  )
+  gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
   act = sharding.shard((jax.nn.silu(gate) * up).astype(h.dtype), _MLP)
   x = x + dot("btf,fd->btd", act, lp["down_proj"])
   return sharding.shard(x, _EMBED)
