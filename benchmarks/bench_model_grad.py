@@ -4,7 +4,7 @@
 
 Times jax.grad of sum(scoring.token_logprobs) over a 32 x 80 batch (the
 GRPO benchmark's shape) for the two sampler benchmark architectures, in
-float32 and bfloat16, with `swiglu.swiglu_residual` as shipped and with the
+float32 and bfloat16, with `layers.swiglu_residual` as shipped and with the
 same block written plainly and differentiated by JAX (the comparison of
 tests/models_swiglu_test.py). Both variants are compiled in this process
 and timed interleaved (medians), so machine load moves both alike. Prints
@@ -27,7 +27,6 @@ from sat_jax import models  # pylint: disable=g-import-not-at-top
 from sat_jax import scoring  # pylint: disable=g-import-not-at-top
 from sat_jax.models import layers  # pylint: disable=g-import-not-at-top
 from sat_jax.models import presets  # pylint: disable=g-import-not-at-top
-from sat_jax.models import swiglu  # pylint: disable=g-import-not-at-top
 
 CONFIGS = {
     "bench-tiny": "qwen3-bench-small",
@@ -36,7 +35,7 @@ CONFIGS = {
 
 
 def plain_block(x, scale, w_gate, w_up, w_down, eps):
-  """The block of swiglu.py with layers.py's ops, left to autodiff."""
+  """The same block with layers.py's ops, left to autodiff."""
   h = layers.rms_norm(x, scale, eps)
   gate = jnp.einsum(
       "btd,df->btf", h, w_gate, preferred_element_type=jnp.float32
@@ -51,13 +50,13 @@ def compiled_grads(config, params, tokens, mask):
   def loss(p):
     return jnp.sum(scoring.token_logprobs(config, p, tokens, mask))
 
-  shipped = swiglu.swiglu_residual
+  shipped = layers.swiglu_residual
   out = {"hand-written": jax.jit(jax.grad(loss)).lower(params).compile()}
-  swiglu.swiglu_residual = plain_block
+  layers.swiglu_residual = plain_block
   try:
     out["autodiff"] = jax.jit(jax.grad(loss)).lower(params).compile()
   finally:
-    swiglu.swiglu_residual = shipped
+    layers.swiglu_residual = shipped
   return out
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from sat_jax import models
 from sat_jax import testing
-from sat_jax.models import swiglu
+from sat_jax.models import layers
 
 _EPS = 1e-6
 
@@ -45,7 +45,7 @@ def _vjp(fn, args, cotangent):
 def test_values_and_gradients_equal_float64_autodiff():
   args, ct = _inputs(jnp.float32)
   out, grads = jax.jit(
-      lambda a, c: _vjp(lambda *z: swiglu.swiglu_residual(*z, _EPS), a, c)
+      lambda a, c: _vjp(lambda *z: layers.swiglu_residual(*z, _EPS), a, c)
   )(args, ct)
   with jax.enable_x64():
     args64 = tuple(jnp.asarray(np.asarray(a), jnp.float64) for a in args)
@@ -65,7 +65,7 @@ def test_values_and_gradients_equal_float64_autodiff():
 
 def test_bfloat16_gradients_follow_float32_and_keep_dtypes():
   args, ct = _inputs(jnp.bfloat16, seed=1)
-  fn = lambda *z: swiglu.swiglu_residual(*z, _EPS)
+  fn = lambda *z: layers.swiglu_residual(*z, _EPS)
   _, grads = jax.jit(lambda a, c: _vjp(fn, a, c))(args, ct)
   args32 = tuple(a.astype(jnp.float32) for a in args)
   _, want = _vjp(_plain_block, args32, ct.astype(jnp.float32))
@@ -98,7 +98,7 @@ def test_model_gradient_equals_autodiff_of_the_unfused_block(monkeypatch):
     assert eps == config.rms_norm_eps
     return _plain_block(x, scale, w_gate, w_up, w_down)
 
-  monkeypatch.setattr(swiglu, "swiglu_residual", plain)
+  monkeypatch.setattr(layers, "swiglu_residual", plain)
   want = jax.grad(loss)(params, False)
   for g, g_remat, w in zip(
       jax.tree.leaves(got), jax.tree.leaves(got_remat), jax.tree.leaves(want)

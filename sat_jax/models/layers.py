@@ -9,6 +9,7 @@ results are cast back to the activation dtype. With float32 params everything
 is float32.
 """
 
+import functools
 import math
 
 import jax
@@ -17,7 +18,6 @@ import numpy as np
 
 from sat_jax import sharding
 from sat_jax.models import config as config_lib
-from sat_jax.models import swiglu
 
 # A finite "minus infinity": a query row whose keys are all masked (a padding
 # query) gets a uniform softmax instead of NaNs, so gradients stay finite.
@@ -42,11 +42,16 @@ def dot(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
   return out.astype(x.dtype)
 
 
+def _normalised(x: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
+  """(x / rms(x), 1 / rms(x)) in float32, rms over the last axis."""
+  xf = x.astype(jnp.float32)
+  rstd = jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
+  return xf * rstd, rstd
+
+
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   """y = scale * x / sqrt(mean(x^2) + eps), the mean over the last axis."""
-  xf = x.astype(jnp.float32)
-  var = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
-  return lead(scale, x.ndim) * (xf * jax.lax.rsqrt(var + eps)).astype(x.dtype)
+  return lead(scale, x.ndim) * _normalised(x, eps)[0].astype(x.dtype)
 
 
 def rope_inv_freq(config: config_lib.ModelConfig) -> np.ndarray:
@@ -209,30 +214,113 @@ def attn_out_and_mlp(
   """Residual output projection, then the residual SwiGLU MLP.
 
   x += o(attn); x += W_down (silu(W_gate h) * W_up h), h = RMSNorm(x).
-  With the checkpoint's separate projections the MLP is
-  `swiglu.swiglu_residual` (hand-written backward pass); the decode-time
-  fused gate/up of `fuse_layer` computes the same values without one.
+  With the checkpoint's separate projections the MLP is `swiglu_residual`
+  (hand-written backward pass); the decode-time fused gate/up of
+  `fuse_layer` computes the same values with one matmul.
   """
   x = x_BxTxD + dot("btnh,nhd->btd", attn_BxTxHxHd, lp["o_proj"])
   x = sharding.shard(x, _EMBED)
+  eps = config.rms_norm_eps
   if "gate_up_fused" not in lp:  # the training/scoring path
-    return swiglu.swiglu_residual(
-        x,
-        lp["mlp_norm"],
-        lp["gate_proj"],
-        lp["up_proj"],
-        lp["down_proj"],
-        config.rms_norm_eps,
+    return swiglu_residual(
+        x, lp["mlp_norm"], lp["gate_proj"], lp["up_proj"], lp["down_proj"], eps
     )
-  # Decode time (no gradients): one matmul for gate and up.
-  h = rms_norm(x, lp["mlp_norm"], config.rms_norm_eps)
-  gate_up = jnp.einsum(
-      "btd,dzf->btzf",
-      h,
-      lp["gate_up_fused"],
-      preferred_element_type=jnp.float32,
+  gate_up = _f32_dot(
+      "btd,dzf->btzf", rms_norm(x, lp["mlp_norm"], eps), lp["gate_up_fused"]
   )
-  gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
-  act = sharding.shard((jax.nn.silu(gate) * up).astype(h.dtype), _MLP)
-  x = x + dot("btf,fd->btd", act, lp["down_proj"])
+  return _swiglu_out(x, gate_up[:, :, 0], gate_up[:, :, 1], lp["down_proj"])
+
+
+# The residual SwiGLU block with a hand-written backward pass. XLA on CPU
+# compiles autodiff's badly: the weight gradients contract over the B*T
+# tokens, so one operand of each is transposed to [features, tokens], and XLA
+# fuses the SwiGLU backward's elementwise work (sigmoid, products) into those
+# transposing copies of the [B*T, F] gradients, which then run far below
+# memory speed (about a third of the whole model's gradient on the
+# bench-tiny shapes). Here the transposes are of the [B*T, D] arrays instead
+# (D < F: the normalised input and the incoming cotangent), explicit and
+# kept out of any fusion with `optimization_barrier`, and the elementwise
+# gradients are computed once in their own layout: the model's gradient is
+# 1.3-1.4x faster on CPU (benchmarks/bench_model_grad.py) and equal to
+# autodiff's to float32 rounding (tests/models_swiglu_test.py). Precision as
+# above: matmuls in the input dtype with float32 accumulation, the norm and
+# the elementwise work in float32, gradients in their primal dtypes.
+
+
+def _f32_dot(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _swiglu_out(x_BxTxD, gate_BxTxF, up_BxTxF, w_down_FxD):
+  """x + W_down (silu(gate) * up), gate and up in float32."""
+  act = (jax.nn.silu(gate_BxTxF) * up_BxTxF).astype(x_BxTxD.dtype)
+  x = x_BxTxD + dot("btf,fd->btd", sharding.shard(act, _MLP), w_down_FxD)
   return sharding.shard(x, _EMBED)
+
+
+def _swiglu_forward(x_BxTxD, scale_D, w_gate_DxF, w_up_DxF, w_down_FxD, eps):
+  h = rms_norm(x_BxTxD, scale_D, eps)
+  gate = _f32_dot("btd,df->btf", h, w_gate_DxF)
+  up = _f32_dot("btd,df->btf", h, w_up_DxF)
+  return _swiglu_out(x_BxTxD, gate, up, w_down_FxD), (gate, up)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def swiglu_residual(x_BxTxD, scale_D, w_gate_DxF, w_up_DxF, w_down_FxD, eps):
+  """x + W_down (silu(W_gate h) * W_up h), h = RMSNorm(x) * scale.
+
+  Autodiff's values; a hand-written backward pass (the comment above).
+  `eps` is a Python float.
+  """
+  return _swiglu_forward(
+      x_BxTxD, scale_D, w_gate_DxF, w_up_DxF, w_down_FxD, eps
+  )[0]
+
+
+def _swiglu_fwd(x_BxTxD, scale_D, w_gate_DxF, w_up_DxF, w_down_FxD, eps):
+  y, (gate, up) = _swiglu_forward(
+      x_BxTxD, scale_D, w_gate_DxF, w_up_DxF, w_down_FxD, eps
+  )
+  return y, (x_BxTxD, scale_D, w_gate_DxF, w_up_DxF, w_down_FxD, gate, up)
+
+
+def _transposed(a_NxC: jax.Array) -> jax.Array:
+  """a^T materialised on its own: XLA may neither fold it into the matmul's
+  dimension numbers nor fuse elementwise producers into it."""
+  return jax.lax.optimization_barrier(a_NxC.T)
+
+
+def _swiglu_bwd(eps, res, dy_BxTxD):
+  x, scale, w_gate, w_up, w_down, gate, up = res
+  b, t, d = x.shape
+  dt = x.dtype
+  n = b * t
+  sig = jax.nn.sigmoid(gate)
+  silu = gate * sig
+  act_NxF = (silu * up).astype(dt).reshape(n, -1)
+  # dW_down = act^T dy, computed as (dy^T act)^T: the transpose is of dy.
+  dw_down = _f32_dot("dn,nf->fd", _transposed(dy_BxTxD.reshape(n, d)), act_NxF)
+  dact = _f32_dot("btd,fd->btf", dy_BxTxD, w_down)
+  dgate = (dact * up * sig * (1.0 + gate * (1.0 - sig))).astype(dt)
+  dup = (dact * silu).astype(dt)
+  xhat, rstd = _normalised(x, eps)
+  h_DxN = _transposed((lead(scale, 3) * xhat.astype(dt)).reshape(n, d))
+  dw_gate = _f32_dot("dn,nf->df", h_DxN, dgate.reshape(n, -1))
+  dw_up = _f32_dot("dn,nf->df", h_DxN, dup.reshape(n, -1))
+  dh = _f32_dot("btf,df->btd", dgate, w_gate)
+  dh = dh + _f32_dot("btf,df->btd", dup, w_up)
+  # RMSNorm: h = scale * xhat, xhat = x * rstd.
+  dscale = jnp.sum(dh * xhat, axis=(0, 1))
+  dxhat = dh * lead(scale, 3).astype(jnp.float32)
+  dx = rstd * (dxhat - xhat * jnp.mean(dxhat * xhat, axis=-1, keepdims=True))
+  dx = sharding.shard((dy_BxTxD.astype(jnp.float32) + dx).astype(dt), _EMBED)
+  return (
+      dx,
+      dscale.astype(scale.dtype),
+      dw_gate.astype(w_gate.dtype),
+      dw_up.astype(w_up.dtype),
+      dw_down.astype(w_down.dtype),
+  )
+
+
+swiglu_residual.defvjp(_swiglu_fwd, _swiglu_bwd)
