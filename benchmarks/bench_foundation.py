@@ -38,6 +38,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 _REPO = _HERE.parent
 sys.path.insert(0, str(_REPO))
 
+from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
 from sat_jax import io_utils  # pylint: disable=g-import-not-at-top
 
 # The issue's two shapes; rope_theta 1e6 because tunix 0.1.7 hard-codes it.
@@ -99,6 +100,14 @@ def _worker(kind, args, out_dir, python=None, script=None, timeout=3600):
   env = dict(os.environ, PYTHONPATH=str(_REPO), TOKENIZERS_PARALLELISM="false")
   env.setdefault("HF_HUB_OFFLINE", "1")
   env.setdefault("TRANSFORMERS_OFFLINE", "1")
+  if kind != "memory" and env.get(host_memory.ENV_VAR) != "system":
+    # Every side, Tunix's venv too, in the malloc setting of the `sat-jax`
+    # command (sat_jax.host_memory); glibc reads these at process start.
+    env.update(host_memory.glibc_environment())
+  else:
+    # The memory part measures RSS, which with freed pages kept would
+    # include whatever the process freed before (the params' init).
+    env[host_memory.ENV_VAR] = "system"
   if script is None:
     cmd = [python or sys.executable, str(_HERE / "foundation_workers.py"), kind]
     cmd += ["--args", json.dumps(args), "--out", str(out)]
@@ -373,7 +382,12 @@ _SECTION_INTRO = (
     " `min_new_tokens = max_new_tokens = 64`) and Tunix 0.1.7's KV-cache"
     " `Sampler` on the same random Qwen3 weights (seed 0, written once as"
     " safetensors): `benchmarks/bench_foundation.py`, each measurement in a"
-    " fresh process. Tunix runs in `.venv-tunix` (made by"
+    " fresh process, every side (transformers and Tunix too) in the host"
+    " malloc setting of the `sat-jax` command (`sat_jax.host_memory`: freed"
+    " pages kept for reuse; `SAT_JAX_MALLOC=system` turns it off), except"
+    " the memory part, which runs with glibc's defaults so that its peak RSS"
+    " follows live memory (kept pages would add whatever the process freed"
+    " before, such as the params' init). Tunix runs in `.venv-tunix` (made by"
     " `benchmarks/setup_tunix_venv.sh`) with top_p=1.0, top_k=None (a plain"
     " `jax.random.categorical` over the full vocabulary, i.e. the same"
     " workload); its decode loop runs one forward step more than it keeps."

@@ -7,7 +7,11 @@ TARGET_X = 3.0  # sat_jax GRPO step >= 3x faster than TRL's (the issue's)
 INTRO = (
     "`benchmarks/bench_team.py` (workers: `team_workers.py`, `team_grpo.py`,"
     " `team_stages.py`; shared inputs: `team_assets.py`), each measurement"
-    " in a fresh process pinned to the same 2 CPUs. **GRPO step**: bench-tiny"
+    " in a fresh process pinned to the same 2 CPUs, every one (TRL's too)"
+    " started with `sat_jax.host_memory.reuse_freed_pages()` as the"
+    " `sat-jax` command is (glibc malloc keeps freed pages for reuse; see"
+    " Host memory below; `SAT_JAX_MALLOC=system` turns it off)."
+    " **GRPO step**: bench-tiny"
     " (the foundation benchmark's weights, seed 0, sha256 checked) with a"
     " 4096-id BPE saved beside them; both sides load that folder. 8 fixed"
     " prompts (`Compute a+b.`, one user turn, 14 tokens) x 4 generations,"

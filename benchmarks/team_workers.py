@@ -20,6 +20,8 @@ _HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE.parent))
 sys.path.insert(0, str(_HERE))
 
+from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
+
 
 def _pin(cpus: int | None) -> list[int]:
   allowed = sorted(os.sched_getaffinity(0))
@@ -68,7 +70,11 @@ def main():
   ns = parser.parse_args()
   args = json.loads(ns.args)
   cpus = _pin(args.get("cpus"))
+  # Every side (sat_jax, TRL) in the same host-malloc setting, before JAX or
+  # torch starts a thread; $SAT_JAX_MALLOC=system keeps glibc's defaults.
+  malloc_reused = host_memory.reuse_freed_pages()
   result = _KINDS[ns.kind](args)
+  result["malloc_reused"] = malloc_reused
   result["cpus"] = cpus
   tmp = ns.out.with_name(ns.out.name + ".tmp")
   tmp.write_text(json.dumps(result, indent=1) + "\n")

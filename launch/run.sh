@@ -24,4 +24,7 @@ case "$accelerator" in
   cuda12) "$venv/bin/pip" install -q "jax[cuda12]==0.10.2" ;;
   *) echo "run.sh: unknown accelerator $accelerator (cpu, tpu, cuda12)" >&2; exit 2 ;;
 esac
+# The malloc setting of sat_jax.host_memory is for XLA on CPU; accelerator
+# hosts keep glibc's defaults (their host threads load data).
+[ "$accelerator" = cpu ] || export SAT_JAX_MALLOC="${SAT_JAX_MALLOC:-system}"
 exec "$venv/bin/sat-jax" "$@"

@@ -10,6 +10,8 @@ import sys
 
 from absl import app
 
+from sat_jax import host_memory
+
 # command -> (module, function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "sample": (
@@ -55,6 +57,8 @@ def run(argv: list[str] | None = None) -> None:
   if command not in COMMANDS:
     sys.stderr.write(f"sat-jax: unknown command {command!r}\n\n{_usage()}\n")
     sys.exit(2)
+  # Before any JAX computation starts XLA's threads (see host_memory).
+  host_memory.reuse_freed_pages()
   if os.environ.get("SAT_JAX_DISTRIBUTED") == "1":
     # Multi-host (TPU pod / multi-node GPU): connect the processes before any
     # device is touched. Coordinates come from the environment (Cloud TPU

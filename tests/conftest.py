@@ -14,6 +14,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pathlib  # pylint: disable=g-import-not-at-top
 
+from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
+
+# As the `sat-jax` command does: XLA CPU reuses freed pages (host_memory).
+host_memory.reuse_freed_pages()
+
+
 import jax  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
