@@ -100,14 +100,13 @@ def _worker(kind, args, out_dir, python=None, script=None, timeout=3600):
   env = dict(os.environ, PYTHONPATH=str(_REPO), TOKENIZERS_PARALLELISM="false")
   env.setdefault("HF_HUB_OFFLINE", "1")
   env.setdefault("TRANSFORMERS_OFFLINE", "1")
-  if kind != "memory" and env.get(host_memory.ENV_VAR) != "system":
-    # Every side, Tunix's venv too, in the malloc setting of the `sat-jax`
-    # command (sat_jax.host_memory); glibc reads these at process start.
+  # Every side, Tunix's venv too, in the malloc setting of the `sat-jax`
+  # command (sat_jax.host_memory); glibc reads these at process start. Not
+  # the memory part: its RSS would include pages freed before the measured
+  # call (the params' init).
+  reuse = kind != "memory" and env.get(host_memory.ENV_VAR) != "system"
+  if reuse:
     env.update(host_memory.glibc_environment())
-  else:
-    # The memory part measures RSS, which with freed pages kept would
-    # include whatever the process freed before (the params' init).
-    env[host_memory.ENV_VAR] = "system"
   if script is None:
     cmd = [python or sys.executable, str(_HERE / "foundation_workers.py"), kind]
     cmd += ["--args", json.dumps(args), "--out", str(out)]
@@ -131,6 +130,7 @@ def _worker(kind, args, out_dir, python=None, script=None, timeout=3600):
   else:
     result = json.loads(out.read_text())
   result["process_wall_s"] = wall
+  result["malloc_reused"] = reuse
   print("  ->", json.dumps(_summary(result))[:300], flush=True)
   return result
 

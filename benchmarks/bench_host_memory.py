@@ -12,7 +12,9 @@ thresholds between each timed call:
   fresh  both 128 KiB: every large buffer is mmap'ed and unmapped per call,
          which is what glibc's per-thread arenas do by default (their heaps
          cannot hold buffers of tens of MiB).
-Each pair runs one untimed call after a switch, then the timed one.
+Each pair runs one untimed call after a switch, then the timed one. Each
+workload runs in its own process: free chunks that an earlier workload left
+in the heap would otherwise serve a later one's buffers in `fresh` too.
 Workloads (float32): the model gradient of the GRPO benchmark (grad of
 sum(token_logprobs), 32 x 80, bench-tiny architecture), the sampler (32 x 64
 prompt + 64 new tokens) and scoring (32 x 128) on bench-tiny, and, with
@@ -23,10 +25,11 @@ median minor page faults per call of each setting.
 """
 
 import argparse
-import ctypes
+import json
 import pathlib
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -36,15 +39,27 @@ sys.path.insert(0, str(_HERE))
 
 from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
 
-_LIBC = ctypes.CDLL("libc.so.6")
-_M_TRIM, _M_MMAP, _M_ARENA = -1, -3, -8
-_SETTINGS = {"reuse": (1 << 30, 2**31 - 1), "fresh": (128 << 10, 128 << 10)}
+WORKLOADS = (
+    "model gradient 32 x 80",
+    "sampler 32 x (64 + 64)",
+    "scoring 32 x 128",
+)
+GRPO_STEP = "GRPO step (rollout + update)"
+# (mmap threshold, trim threshold) of each setting.
+_SETTINGS = {
+    "reuse": (host_memory.MMAP_THRESHOLD, host_memory.TRIM_THRESHOLD),
+    "fresh": (128 << 10, 128 << 10),
+}
 
 
 def _switch(setting: str) -> None:
-  mmap_threshold, trim_threshold = _SETTINGS[setting]
-  _LIBC.mallopt(_M_MMAP, mmap_threshold)
-  _LIBC.mallopt(_M_TRIM, trim_threshold)
+  # The first call also makes the one arena (host_memory does that once per
+  # process); the thresholds change at once.
+  if not host_memory.reuse_freed_pages(*_SETTINGS[setting]):
+    raise SystemExit(
+        "glibc malloc could not be set (not glibc, or"
+        f" ${host_memory.ENV_VAR}=system)"
+    )
 
 
 def _workloads(grpo_ckpt):
@@ -83,16 +98,16 @@ def _workloads(grpo_ckpt):
   options = sampling.SamplingOptions(max_new_tokens=64)
   key = jax.random.key(1)
   out = {
-      "model gradient 32 x 80": lambda: jax.block_until_ready(grad(params)),
-      "sampler 32 x (64 + 64)": lambda: jax.block_until_ready(
+      WORKLOADS[0]: lambda: jax.block_until_ready(grad(params)),
+      WORKLOADS[1]: lambda: jax.block_until_ready(
           sampling.sample(
               config, params, prompts, jnp.ones_like(prompts), options, key
           )
       ),
-      "scoring 32 x 128": lambda: jax.block_until_ready(score(params)),
+      WORKLOADS[2]: lambda: jax.block_until_ready(score(params)),
   }
   if grpo_ckpt:
-    out["GRPO step (rollout + update)"] = _grpo_step(grpo_ckpt)
+    out[GRPO_STEP] = _grpo_step(grpo_ckpt)
   return out
 
 
@@ -157,14 +172,26 @@ def measure(fn, pairs: int) -> dict:
   }
 
 
+def _in_child(name: str, ns) -> dict:
+  """`measure` of one workload in a fresh process (see the docstring)."""
+  cmd = [sys.executable, __file__, "--workload", name, "--pairs", str(ns.pairs)]
+  if ns.grpo_ckpt:
+    cmd += ["--grpo_ckpt", ns.grpo_ckpt]
+  out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--pairs", type=int, default=12)
   parser.add_argument("--grpo_ckpt", default=None)
+  parser.add_argument("--workload", default=None, help="(child process)")
   ns = parser.parse_args()
-  if host_memory._glibc() is None:  # pylint: disable=protected-access
-    raise SystemExit("glibc only: mallopt is what is measured")
-  _LIBC.mallopt(_M_ARENA, 1)  # before JAX starts its threads
+  if ns.workload is not None:
+    _switch("reuse")  # one arena, before JAX starts its threads
+    fn = _workloads(ns.grpo_ckpt)[ns.workload]
+    sys.stdout.write(json.dumps(measure(fn, ns.pairs)) + "\n")
+    return
   rows = [
       (
           "| workload | reuse ms | fresh ms | fresh / reuse (median of pairs)"
@@ -172,8 +199,9 @@ def main():
       ),
       "| --- | ---: | ---: | ---: | ---: | ---: |",
   ]
-  for name, fn in _workloads(ns.grpo_ckpt).items():
-    r = measure(fn, ns.pairs)
+  names = WORKLOADS + ((GRPO_STEP,) if ns.grpo_ckpt else ())
+  for name in names:
+    r = _in_child(name, ns)
     rows.append(
         f"| {name} | {1e3 * r['reuse_s']:.0f} | {1e3 * r['fresh_s']:.0f} |"
         f" {r['ratio']:.2f} | {r['wins']} / {r['pairs']} |"

@@ -25,8 +25,6 @@ import numpy as np
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(_REPO))
 
-from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
-
 
 def timed(fn, repeats: int, warmup: int = 1) -> dict:
   """Times `fn()` (which must block until done): warm-up calls, then repeats."""
@@ -324,11 +322,7 @@ def main():
   parser.add_argument("--args", default="{}", help="JSON object")
   parser.add_argument("--out", required=True, type=pathlib.Path)
   ns = parser.parse_args()
-  # Every side in the same host-malloc setting, before JAX or torch starts
-  # a thread; $SAT_JAX_MALLOC=system keeps glibc's defaults.
-  malloc_reused = host_memory.reuse_freed_pages()
   result = _KINDS[ns.kind](json.loads(ns.args))
-  result["malloc_reused"] = malloc_reused
   ns.out.write_text(json.dumps(result, indent=1) + "\n")
 
 

@@ -31,10 +31,24 @@ def fake_libc(monkeypatch):
   return libc
 
 
-def test_sets_one_arena_and_both_thresholds(fake_libc):
+def test_sets_one_arena_once_and_both_thresholds(fake_libc):
   # glibc <malloc.h>: M_TRIM_THRESHOLD -1, M_MMAP_THRESHOLD -3, M_ARENA_MAX -8.
   assert host_memory.reuse_freed_pages(mmap_threshold=12345, trim_threshold=678)
   assert fake_libc.calls == [(-8, 1), (-3, 12345), (-1, 678)]
+  # A second call moves the thresholds only: the arena limit, set again
+  # once threads run, undoes the reuse.
+  assert host_memory.reuse_freed_pages(mmap_threshold=9, trim_threshold=10)
+  assert fake_libc.calls[3:] == [(-3, 9), (-1, 10)]
+
+
+def test_environment_variables_carry_the_same_settings():
+  assert host_memory.glibc_environment(12345, 678) == {
+      "MALLOC_ARENA_MAX": "1",
+      "MALLOC_MMAP_THRESHOLD_": "12345",
+      "MALLOC_TRIM_THRESHOLD_": "678",
+  }
+  with pytest.raises(ValueError, match="trim_threshold"):
+    host_memory.glibc_environment(trim_threshold=-5)
 
 
 def test_system_setting_changes_nothing(fake_libc, monkeypatch):
