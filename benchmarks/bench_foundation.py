@@ -162,7 +162,10 @@ def run_sampler(ns, out_dir, name, dtype, ckpt):
   res = {}
   for side, kind in (("sat_jax", "sat"), ("transformers", "torch")):
     logp_path = out_dir / "raw" / f"logp-{name}-{dtype}-{side}.npy"
-    res[side] = _worker(kind, dict(args, logp_out=str(logp_path)), out_dir)
+    extra = {"sampler_devices": ns.sampler_devices} if kind == "sat" else {}
+    res[side] = _worker(
+        kind, dict(args, logp_out=str(logp_path), **extra), out_dir
+    )
     res[side]["logp_path"] = str(logp_path)
   paths = [res[s]["logp_path"] for s in ("sat_jax", "transformers")]
   if all(pathlib.Path(p).is_file() for p in paths):
@@ -228,6 +231,9 @@ def derive(results):
           rate = _rate(flops, r, part)
           d[f"{side}_{part}_flop_s"] = rate
           d[f"{side}_{part}_roofline"] = rate / peak if rate and peak else None
+      sat = row.get("sat_jax", {})
+      d["sat_jax_multi_sampler_tok_s"] = _rate(b * n, sat, "sampler_multi")
+      d["sat_jax_multi_same_tokens"] = sat.get("sampler_same_tokens")
       tx = row.get("tunix", {})
       for mode in ("core", "call"):
         t = tx.get(f"{mode}_median_s")
@@ -244,6 +250,11 @@ def derive(results):
               "scoring_x_hf",
           ),
           ("sat_jax_sampler_tok_s", "tunix_core_tok_s", "sampler_x_tunix"),
+          (
+              "sat_jax_multi_sampler_tok_s",
+              "transformers_sampler_tok_s",
+              "sampler_multi_x_hf",
+          ),
       ):
         d[key] = d[a] / d[c] if d[a] and d[c] else None
       d["sampler_target_x_hf"] = TARGETS[name]
@@ -257,6 +268,16 @@ def _fmt(x, spec=",.0f"):
 
 def _gib(x):
   return "n/a" if x is None else f"{x / 2**30:.2f}"
+
+
+def _same_tokens(results) -> str:
+  flags = [
+      row.get("derived", {}).get("sat_jax_multi_same_tokens")
+      for per_dtype in results.get("runs", {}).values()
+      for row in per_dtype.values()
+  ]
+  flags = [f for f in flags if f is not None]
+  return ("yes" if all(flags) else "NO") if flags else "n/a"
 
 
 def markdown(results, command):
@@ -275,7 +296,12 @@ def markdown(results, command):
           f" {_fmt(peak and peak / 1e9, '.0f')} GFLOP/s. Sampler: batch 32,"
           " prompt 64, exactly 64 new tokens, temperature 1, no top-k/top-p;"
           " scoring: 32 x 128 teacher-forced. tok/s are medians of the timed"
-          " calls after one warm-up."
+          ' calls after one warm-up. "2 CPU devices": the same sampler call'
+          " with its rows over two XLA CPU devices (`jax_num_cpu_devices=2`,"
+          " params replicated: one 16-row decode stream per core), timed"
+          " call by call alternately with the one-device call in one process;"
+          " same tokens as one device for the same key:"
+          f" {_same_tokens(results)}."
       ),
   ]
   if results.get("runs"):
@@ -283,13 +309,14 @@ def markdown(results, command):
         "",
         (
             "| config | dtype | sat_jax new tok/s | transformers | x (target) |"
+            " sat_jax, 2 CPU devices: new tok/s (x) |"
             " Tunix core / call | x Tunix | sat_jax score tok/s | transformers"
             " | x (>= 1) | sampler % roofline (sat / hf) | scoring % roofline"
             " (sat / hf) |"
         ),
         (
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-            " ---: | ---: | ---: |"
+            " ---: | ---: | ---: | ---: |"
         ),
     ]
 
@@ -303,6 +330,8 @@ def markdown(results, command):
           f"| {name} | {dtype} | {_fmt(d.get('sat_jax_sampler_tok_s'))} |"
           f" {_fmt(d.get('transformers_sampler_tok_s'))} |"
           f" {_fmt(d.get('sampler_x_hf'), '.2f')} ({TARGETS[name]:g}) |"
+          f" {_fmt(d.get('sat_jax_multi_sampler_tok_s'))}"
+          f" ({_fmt(d.get('sampler_multi_x_hf'), '.2f')}) |"
           f" {_fmt(d.get('tunix_core_tok_s'))} /"
           f" {_fmt(d.get('tunix_call_tok_s'))} |"
           f" {_fmt(d.get('sampler_x_tunix'), '.2f')} |"
@@ -415,6 +444,16 @@ def _parse_args():
   parser.add_argument("--quick", action="store_true", help="2 repeats")
   parser.add_argument("--threads", type=int, default=2, help="torch threads")
   parser.add_argument("--chunk_size", type=int, default=128)
+  parser.add_argument(
+      "--sampler_devices",
+      type=int,
+      default=2,
+      help=(
+          "sat_jax's sampler is also timed with its rows over this many XLA"
+          " CPU devices (one decode stream per core), interleaved with the"
+          " one-device calls; 1: not"
+      ),
+  )
   parser.add_argument(
       "--tunix_python", default=str(_REPO / ".venv-tunix/bin/python")
   )

@@ -99,7 +99,12 @@ def run_grpo(ns) -> dict:
     sides = {
         "sat_jax": (
             "sat_grpo",
-            dict(common, paths=["team", "direct"], seed=r, repeats=ns.repeats),
+            dict(
+                common,
+                paths=list(team_report.SAT_PATHS),
+                seed=r,
+                repeats=ns.repeats,
+            ),
         ),
         "trl": ("trl_grpo", dict(common, threads=ns.threads, seed=r)),
     }
@@ -154,14 +159,14 @@ def derive(results: dict) -> dict:
     for rnd in grpo["rounds"]:
       trl = rnd["trl"].get("times_s", [])[1:]
       pooled["trl"] += trl
-      for path in ("team", "direct"):
+      for path in team_report.SAT_PATHS:
         sat = rnd["sat_jax"].get(path, {}).get("times_s", [])[1:]
         pooled.setdefault(path, []).extend(sat)
         if sat and trl:
           rnd[f"x_{path}"] = statistics.median(trl) / statistics.median(sat)
     med = {k: statistics.median(v) if v else None for k, v in pooled.items()}
     grpo["pooled_median_s"] = med
-    for path in ("team", "direct"):
+    for path in team_report.SAT_PATHS:
       ok = med.get(path) and med["trl"]
       grpo[f"x_{path}"] = med["trl"] / med[path] if ok else None
     grpo["target_x"] = team_report.TARGET_X

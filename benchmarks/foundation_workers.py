@@ -115,6 +115,9 @@ def sat(args: dict) -> dict:
   from sat_jax import sampling  # pylint: disable=g-import-not-at-top
   from sat_jax import scoring  # pylint: disable=g-import-not-at-top
 
+  devices = args.get("sampler_devices", 1)
+  if devices > 1:  # before the CPU backend starts
+    jax.config.update("jax_num_cpu_devices", devices)
   dtype = jnp.dtype(args["dtype"])
   config, params = models.load_hf(args["ckpt"], dtype=dtype)
   prompts_BxP, seqs_BxT = _workload(args)
@@ -137,7 +140,15 @@ def sat(args: dict) -> dict:
   assert out.tokens_BxN.shape == (prompts.shape[0], n), out.tokens_BxN.shape
   assert int(out.lengths_B.min()) == n, "a row stopped early"
   result = {"side": "sat_jax", "dtype": args["dtype"]}
-  result["sampler"] = timed(sample, args["repeats"])
+  if devices == 1:
+    result["sampler"] = timed(sample, args["repeats"])
+  else:
+    sample_dp, same = _sampler_on_devices(config, params, prompts, options)
+    result["sampler_devices"] = devices
+    result["sampler_same_tokens"] = same
+    result["sampler"], result["sampler_multi"] = timed_interleaved(
+        (sample, sample_dp), args["repeats"]
+    )
 
   seqs = jnp.asarray(seqs_BxT)
   seq_mask = jnp.ones_like(seqs)
@@ -153,6 +164,64 @@ def sat(args: dict) -> dict:
   )
   np.save(args["logp_out"], np.asarray(logp))
   return result
+
+
+def _sampler_on_devices(config, params, prompts, options):
+  """`sampling.sample` with its rows over every device (one data mesh).
+
+  Returns (a timed call like `sat`'s `sample`, whether it draws the same
+  tokens as one device for the same key).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from sat_jax import models  # pylint: disable=g-import-not-at-top
+  from sat_jax import sampling  # pylint: disable=g-import-not-at-top
+  from sat_jax import sharding  # pylint: disable=g-import-not-at-top
+
+  mesh = sharding.make_mesh(sharding.MeshConfig())
+  placed = jax.device_put(
+      params,
+      sharding.logical_to_sharding(
+          models.param_axes(config), mesh, shapes=params
+      ),
+  )
+  rows = jax.device_put(prompts, NamedSharding(mesh, PartitionSpec("data")))
+  mask = jax.numpy.ones_like(rows)
+  key = jax.device_put(jax.random.key(0), NamedSharding(mesh, PartitionSpec()))
+  calls = [0]
+
+  def sample_dp():
+    calls[0] += 1
+    k = jax.random.fold_in(key, calls[0])
+    out = sampling.sample(config, placed, rows, mask, options, k)
+    return jax.block_until_ready(out)
+
+  one = sampling.sample(
+      config, params, prompts, jax.numpy.ones_like(prompts), options,
+      jax.random.key(0),
+  )  # fmt: skip
+  many = sampling.sample(config, placed, rows, mask, options, key)
+  same = bool((np.asarray(one.tokens_BxN) == np.asarray(many.tokens_BxN)).all())
+  return sample_dp, same
+
+
+def timed_interleaved(fns, repeats: int) -> list[dict]:
+  """`timed` for several calls, one of each per round (drift hits all)."""
+  first = []
+  for fn in fns:
+    t0 = time.perf_counter()
+    fn()
+    first.append(time.perf_counter() - t0)
+  times = [[] for _ in fns]
+  for _ in range(repeats):
+    for fn, ts in zip(fns, times):
+      t0 = time.perf_counter()
+      fn()
+      ts.append(time.perf_counter() - t0)
+  return [
+      {"times_s": ts, "median_s": statistics.median(ts), "first_call_s": f}
+      for ts, f in zip(times, first)
+  ]
 
 
 def torch_side(args: dict) -> dict:

@@ -19,8 +19,12 @@ region, so the core skips its KL monitor), no certificate. Two rollouts:
           rendering, token streams, decoding, the task verifier; stop ids
           removed from the agent's sampling options after construction so
           that every completion has exactly 64 tokens;
+  team_2dev  the team path with the sampler on a mesh of its own over two
+          XLA CPU devices (`make_rollout_fn(sampling_mesh=...)`, one decode
+          stream of 16 rows per core; the process starts with
+          `jax_num_cpu_devices=2`), the update on device 0 as in the others;
   direct  `models.render_chat` + `sampling.sample` + `TeamBatch.from_shared`
-          (prompts left-padded to their bucket 16, T = 80 in both).
+          (prompts left-padded to their bucket 16, T = 80 in all three).
 TRL: `GRPOTrainer` with `generation_kwargs={"min_new_tokens": 64}` (its
 eos id is masked until 64 tokens, and max_completion_length = 64 stops
 there), `per_device_train_batch_size=32`, `num_generations=4`,
@@ -39,6 +43,7 @@ import numpy as np
 import team_assets
 
 NUM_PROMPTS, GROUP, NEW_TOKENS = 8, 4, 64
+SAMPLER_DEVICES_2 = "team_2dev"  # the path whose sampler has two devices
 LEARNING_RATE, EPSILON, GRAD_CLIP = 1e-6, 0.2, 1.0
 
 
@@ -67,11 +72,18 @@ def _sat_config():
   )
 
 
-def _team_rollout(agent, tokenizer):
+def _team_rollout(agent, tokenizer, sampler_devices=1):
   """The team path, with the stop ids taken out of the sampling options."""
   import dataclasses  # pylint: disable=g-import-not-at-top
 
+  from sat_jax import sharding  # pylint: disable=g-import-not-at-top
   from sat_jax import team  # pylint: disable=g-import-not-at-top
+
+  sampling_mesh = None
+  if sampler_devices > 1:
+    sampling_mesh = sharding.make_mesh(
+        sharding.MeshConfig(num_devices=sampler_devices)
+    )
 
   task = team_assets.BenchTask(NUM_PROMPTS)
   protocol = team.ProtocolConfig(
@@ -89,6 +101,7 @@ def _team_rollout(agent, tokenizer):
       protocol,
       num_prompts=NUM_PROMPTS,
       group_size=GROUP,
+      sampling_mesh=sampling_mesh,
   )
   speaker = rollout.speaker
   speaker.options = [
@@ -262,6 +275,9 @@ def sat_grpo(args: dict[str, Any]) -> dict[str, Any]:
   from sat_jax import models  # pylint: disable=g-import-not-at-top
   from sat_jax import team  # pylint: disable=g-import-not-at-top
 
+  if SAMPLER_DEVICES_2 in args["paths"]:
+    # Before JAX starts its CPU backend; the other paths use device 0 only.
+    jax.config.update("jax_num_cpu_devices", 2)
   config, params = models.load_hf(args["ckpt"])
   # load_hf gives uncommitted arrays and every update returns committed
   # ones, which jit keys apart: without this, step 2 compiles the sampler
@@ -273,11 +289,11 @@ def sat_grpo(args: dict[str, Any]) -> dict[str, Any]:
   key = jax.random.key(args.get("seed", 0))
   result = {"side": "sat_jax", "devices": str(jax.devices())}
   for path in args["paths"]:
-    raw = (
-        _team_rollout(agent, tokenizer)
-        if path == "team"
-        else _direct_rollout(config, tokenizer)
-    )
+    if path == "direct":
+      raw = _direct_rollout(config, tokenizer)
+    else:
+      devices = 2 if path == SAMPLER_DEVICES_2 else 1
+      raw = _team_rollout(agent, tokenizer, sampler_devices=devices)
     steps, batch = _run_steps(agent, cfg, params, raw, args["steps"], key)
     result[path] = _path_result(agent, params, steps, batch)
   result["lean_update"] = _time_lean(agent, cfg, params, batch, args)

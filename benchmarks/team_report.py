@@ -3,6 +3,7 @@
 from typing import Any
 
 TARGET_X = 3.0  # sat_jax GRPO step >= 3x faster than TRL's (the issue's)
+SAT_PATHS = ("team", "team_2dev", "direct")  # sat_jax's rollout paths
 
 INTRO = (
     "`benchmarks/bench_team.py` (workers: `team_workers.py`, `team_grpo.py`,"
@@ -32,8 +33,12 @@ INTRO = (
     " is the wall time between two optimizer-step ends; the median over steps"
     " 2 on. sat_jax `team` = `sat_jax.team.make_rollout_fn` (rendering,"
     " streams, decoding, verifier; stop ids removed from the sampling"
-    " options); `direct` = `render_chat` + `sampling.sample` +"
-    " `TeamBatch.from_shared`; both give 32 x 80 views. **Phases** (measured"
+    " options); `team_2dev` = the same with the sampler on a mesh of its"
+    " own over two XLA CPU devices (`make_rollout_fn(sampling_mesh=...)`:"
+    " a 16-row decode stream per core, parameters copied there each"
+    " rollout; the process has `jax_num_cpu_devices=2`, and the update"
+    " stays on device 0); `direct` = `render_chat` + `sampling.sample` +"
+    " `TeamBatch.from_shared`; all give 32 x 80 views. **Phases** (measured"
     " by wrapping the stage loop's jitted calls, each blocked on): rollout;"
     " update = first try of `objective.update_agent` (its optax steps, the"
     " in-jit KL monitor when there is a trust region, and the new params'"
@@ -94,7 +99,7 @@ def grpo_md(g: dict[str, Any]) -> list[str]:
           f" | {_joined(trl, 'median_cpu_s')} | {_loads(trl)} | 1 |"
       ),
   ]
-  for path in ("team", "direct"):
+  for path in SAT_PATHS:
     rows = [s.get(path, {}) for s in sats]
     lines.append(
         f"| sat_jax | {path} | {_f(med.get(path))} |"
@@ -102,9 +107,9 @@ def grpo_md(g: dict[str, Any]) -> list[str]:
         f" {_joined(rows, 'median_cpu_s')} | {_loads(sats)} |"
         f" **{_f(g.get(f'x_{path}'))}** |"
     )
-  per_round = ", ".join(
-      f"round {i + 1}: team {_f(r.get('x_team'))}x, direct"
-      f" {_f(r.get('x_direct'))}x"
+  per_round = "; ".join(
+      f"round {i + 1}: "
+      + ", ".join(f"{p} {_f(r.get(f'x_{p}'))}x" for p in SAT_PATHS)
       for i, r in enumerate(rounds)
   )
   lines += [
@@ -126,7 +131,7 @@ def grpo_md(g: dict[str, Any]) -> list[str]:
       "| --- | ---: | ---: | ---: | ---: | ---: |",
   ]
   sat = sats[-1] if sats else {}
-  for path in ("team", "direct"):
+  for path in SAT_PATHS:
     p = sat.get(path, {})
     lines.append(
         f"| {path} | {_f(p.get('median_rollout_s'))} |"

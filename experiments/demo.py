@@ -21,8 +21,17 @@ each agent's update inside its KL trust region, with the held-out team
 accuracy (avg@K on 200 test problems) before training and after every
 stage; the run stops after the stage that passes `time_budget_s` (14
 minutes, the warm start included). `arg` is "key=value,..." over method,
-stages, seed, or "smoke" (a tiny run for tests).
+stages, seed, sampler_devices, or "smoke" (a tiny run for tests).
+
+`sampler_devices=2` trains on the first device and samples (rollouts and
+evaluation) data-parallel over the first two: on a 2-core CPU host, with
+`JAX_NUM_CPU_DEVICES=2` set, one decode stream per core:
+
+  JAX_NUM_CPU_DEVICES=2 sat-jax train \
+      --config experiments/demo.py:sampler_devices=2
 """
+
+import ml_collections
 
 from sat_jax import config as config_lib
 
@@ -38,7 +47,7 @@ def _parse(arg: str | None) -> dict[str, str]:
 def get_config(arg: str | None = None):
   """The demo's ConfigDict (every field overridable on the command line)."""
   args = _parse(arg)
-  unknown = set(args) - {"method", "stages", "seed", "smoke"}
+  unknown = set(args) - {"method", "stages", "seed", "smoke", "sampler_devices"}
   if unknown:
     raise ValueError(f"demo arg: unknown key(s) {sorted(unknown)}")
   num_agents = 3
@@ -84,6 +93,12 @@ def get_config(arg: str | None = None):
   # 3e-4 backtracked to ~2.1e-4 on average (step halving), in 1.7 tries.
   update.optimizer.learning_rate = 2e-4
   c.sat.certificate.horizon = 1  # each agent speaks once per episode
+
+  if "sampler_devices" in args:  # the sampler's own mesh (module doc)
+    c.mesh.num_devices = 1
+    c.rollout.mesh = ml_collections.ConfigDict(
+        dict(num_devices=int(args["sampler_devices"]))
+    )
 
   c.eval.num_problems = 200  # the whole test split: SE ~2.3 points
   c.eval.k = 2

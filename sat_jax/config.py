@@ -123,6 +123,10 @@ class RolloutConfig:
   group_size: int = 8
   temperature: float = 1.0  # every agent's, unless its entry overrides it
   split: str = "train"
+  # The sampler's own mesh (rollouts and held-out evaluation); None: the
+  # training mesh. E.g. on a 2-core CPU host with JAX_NUM_CPU_DEVICES=2:
+  # mesh = {"num_devices": 1} and rollout.mesh = {"num_devices": 2}.
+  mesh: sharding.MeshConfig | None = None
 
   def __post_init__(self):
     _check_int("rollout.prompts_per_stage", self.prompts_per_stage, 1)
@@ -381,8 +385,8 @@ def from_dict(config: Any) -> TrainConfig:
     entries.append(_build(AgentEntry, entry, f"team[{j}]"))
   values["team"] = tuple(entries)
 
-  def mesh(m):
-    return _build(sharding.MeshConfig, m, "mesh", axes=_tuple, rules=_tuple)
+  def mesh(m, where="mesh"):
+    return _build(sharding.MeshConfig, m, where, axes=_tuple, rules=_tuple)
 
   def pretrain(p):
     return _build(
@@ -405,7 +409,12 @@ def from_dict(config: Any) -> TrainConfig:
           view_buckets=_tuple,
       ),
       task=lambda t: _build(TaskConfig, t, "task"),
-      rollout=lambda r: _build(RolloutConfig, r, "rollout"),
+      rollout=lambda r: _build(
+          RolloutConfig,
+          r,
+          "rollout",
+          mesh=lambda m: None if m is None else mesh(m, "rollout.mesh"),
+      ),
       eval=lambda e: _build(EvalConfig, e, "eval"),
       mesh=mesh,
       checkpoint=lambda c: _build(CheckpointConfig, c, "checkpoint"),
@@ -419,13 +428,19 @@ def to_dict(config: TrainConfig) -> dict[str, Any]:
 
 
 def _placeholder_type(hint: Any) -> type:
-  """The non-None type of an optional field's annotation (for the CLI)."""
+  """The non-None type of an optional field's annotation (for the CLI).
+
+  An optional dataclass (e.g. `rollout.mesh`) is a ConfigDict placeholder: a
+  config file sets it to a ConfigDict of that dataclass's fields.
+  """
   if (
       isinstance(hint, types.UnionType)
       or typing.get_origin(hint) is typing.Union
   ):
     options = [a for a in typing.get_args(hint) if a is not type(None)]
     hint = options[0] if options else str
+  if dataclasses.is_dataclass(hint):
+    return ml_collections.ConfigDict
   return hint if isinstance(hint, type) else str
 
 

@@ -95,10 +95,15 @@ class MeshConfig:
       -1 to take the remaining devices. An axis left out has size 1. The mesh
       always has the three axes in MESH_AXES order, whatever the order here.
     rules: (logical_name, mesh_axes) pairs replacing DEFAULT_RULES entries.
+    num_devices: how many devices the mesh spans, the first ones of the
+      list `make_mesh` is given (default: all of `jax.devices()`); -1: all.
+      E.g. a sampler mesh over two CPU devices beside a training mesh on one
+      (`RolloutConfig.mesh`).
   """
 
   axes: tuple[tuple[str, int], ...] = (("data", -1), ("fsdp", 1), ("tensor", 1))
   rules: LogicalRules = ()
+  num_devices: int = -1
 
   def __post_init__(self):
     for entry in self.axes:
@@ -118,6 +123,9 @@ class MeshConfig:
         )
     if [a[1] for a in axes].count(-1) > 1:
       raise ValueError(f"MeshConfig.axes {axes}: more than one size is -1")
+    n = self.num_devices
+    if not isinstance(n, int) or isinstance(n, bool) or (n < 1 and n != -1):
+      raise ValueError(f"MeshConfig.num_devices={n!r} is not -1 or >= 1")
     object.__setattr__(self, "axes", axes)
     object.__setattr__(self, "rules", merge_rules(self.rules, base=()))
 
@@ -151,10 +159,19 @@ def make_mesh(
 ) -> Mesh:
   """A ("data", "fsdp", "tensor") mesh with Auto axis types.
 
-  Auto, not `jax.make_mesh`'s default Explicit: under Explicit axes a matmul
-  contracting a sharded dimension raises ShardingTypeError.
+  Over the first `mesh_config.num_devices` of `devices` (default: all of
+  `jax.devices()`). Auto, not `jax.make_mesh`'s default Explicit: under
+  Explicit axes a matmul contracting a sharded dimension raises
+  ShardingTypeError.
   """
   devices = jax.devices() if devices is None else list(devices)
+  n = mesh_config.num_devices
+  if n > len(devices):
+    raise ValueError(
+        f"MeshConfig.num_devices={n} exceeds the {len(devices)} devices"
+        " available (on CPU hosts, JAX_NUM_CPU_DEVICES sets how many)"
+    )
+  devices = devices if n == -1 else devices[:n]
   shape = mesh_config.shape(len(devices))
   return jax.make_mesh(
       tuple(shape.values()),

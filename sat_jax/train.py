@@ -159,6 +159,17 @@ def initial_state(
   )
 
 
+def sampling_mesh(config: config_lib.TrainConfig) -> dict[str, Any]:
+  """The speaker's `sampling_mesh` / `sampling_rules` of `rollout.mesh`."""
+  m = config.rollout.mesh
+  if m is None:
+    return {}
+  return {
+      "sampling_mesh": sharding.make_mesh(m),
+      "sampling_rules": m.logical_rules(),
+  }
+
+
 def evaluate_team(
     team: Team,
     params: Sequence[PyTree],
@@ -181,6 +192,7 @@ def evaluate_team(
       protocol or config.protocol,
       params,
       temperature=config.eval.temperature,
+      **sampling_mesh(config),
   )
   return runner.evaluate(
       task,
@@ -289,6 +301,10 @@ def _pretrain_row(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_resumable(saved: dict[str, Any], current: dict[str, Any]) -> None:
+  try:  # fields added since the run started compare at their defaults
+    saved = config_lib.to_dict(config_lib.from_dict(saved))
+  except ValueError:
+    pass  # reported below as a difference
   diff = sorted(
       k
       for k in set(saved) | set(current)
@@ -360,6 +376,7 @@ def train_and_evaluate(
   workdir = pathlib.Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+  sampler = sampling_mesh(config)  # a bad rollout.mesh fails here, early
   task = registry.get_task(config.task.name, **config.task.kwargs)
   effective = config_lib.to_dict(config)
   if (workdir / "config.json").exists():
@@ -383,6 +400,7 @@ def train_and_evaluate(
         config.protocol,
         num_prompts=config.rollout.prompts_per_stage,
         group_size=config.rollout.group_size,
+        **sampler,
     )
     eval_examples = list(task.load(config.eval.split))[
         : config.eval.num_problems

@@ -9,6 +9,7 @@ from ml_collections import config_flags
 import pytest
 
 from sat_jax import config as config_lib
+from sat_jax import sharding
 from sat_jax.core import config as core_config
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -81,6 +82,20 @@ def test_command_line_overrides_reach_the_dataclasses():
   assert config.task.kwargs["digits"] == 2
 
 
+def test_a_sampler_mesh_of_its_own():
+  config = config_lib.from_dict(_demo())
+  assert config.rollout.mesh is None  # the sampler uses the training mesh
+  values = _demo(**{"rollout.mesh": {"num_devices": 2}, "mesh.num_devices": 1})
+  config = config_lib.from_dict(values)
+  assert config.rollout.mesh == sharding.MeshConfig(num_devices=2)
+  assert config.mesh.num_devices == 1
+  assert config_lib.from_dict(config_lib.to_dict(config)) == config
+  # The demo's arg sets both, through the ConfigDict placeholder.
+  config = config_lib.from_dict(_parse(f"--config={_DEMO}:sampler_devices=2"))
+  assert config.rollout.mesh == sharding.MeshConfig(num_devices=2)
+  assert config.mesh.num_devices == 1
+
+
 def test_uniform_deltas_fold_back_to_a_scalar():
   config = config_lib.from_dict(_demo(**{"sat.delta": 0.03}))
   assert config.sat_config().delta == 0.03
@@ -109,6 +124,8 @@ def test_temperature_per_agent():
         ({"eval.k": 0}, "eval.k=0"),
         ({"pretrain.wrong_prob": 1.5}, "wrong_prob=1.5"),
         ({"mesh.axes": [["data", 3], ["model", 1]]}, "unknown axis 'model'"),
+        ({"rollout.mesh": {"num_devices": 0}}, "num_devices=0"),
+        ({"rollout.mesh": {"devices": 2}}, "rollout.mesh: unknown field"),
         ({"num_stages": -1}, "num_stages=-1"),
     ],
 )

@@ -266,6 +266,43 @@ def test_sharded_rollout_equals_one_device(toks):
       np.testing.assert_array_equal(x, y)
 
 
+def test_sampling_mesh_samples_there_and_batches_on_the_callers_mesh(toks):
+  agents = _team(2)
+  _, ref, params = _rollout(agents, [toks[0]] * 2)
+  sampler_mesh = sharding.make_mesh(sharding.MeshConfig(num_devices=2))
+  train_mesh = sharding.make_mesh(
+      sharding.MeshConfig(num_devices=1), devices=jax.devices()[7:]
+  )
+  fn, _, _ = _rollout(agents, [toks[0]] * 2, sampling_mesh=sampler_mesh)
+  on_train = [jax.device_put(p, jax.devices()[7]) for p in params]
+  with jax.set_mesh(train_mesh):
+    out = fn(on_train, jax.random.key(0))
+  # The sampler ran on the sampler mesh, rows split over its two devices ...
+  speaker = fn.speaker
+  for p in speaker.params:
+    assert (
+        p["embed"].sharding.mesh.devices.tolist()
+        == sampler_mesh.devices.tolist()
+    )
+  # ... and the batch lives on the training mesh, equal to the plain one.
+  tokens = out.views[0].inputs["tokens_ExT"]
+  assert tokens.sharding.device_set == {jax.devices()[7]}
+  for x, y in zip(jax.tree.leaves(ref), jax.tree.leaves(out)):
+    if np.issubdtype(np.asarray(x).dtype, np.floating):
+      np.testing.assert_allclose(x, y, atol=1e-5)
+    else:
+      np.testing.assert_array_equal(x, y)
+
+
+def test_mesh_num_devices_is_checked():
+  with pytest.raises(ValueError, match="num_devices=0"):
+    sharding.MeshConfig(num_devices=0)
+  with pytest.raises(ValueError, match="num_devices=9 exceeds the 8"):
+    sharding.make_mesh(sharding.MeshConfig(num_devices=9))
+  mesh = sharding.make_mesh(sharding.MeshConfig(num_devices=2))
+  assert mesh.devices.ravel().tolist() == jax.devices()[:2]
+
+
 # --------------------------------------------------------------- bad input
 
 

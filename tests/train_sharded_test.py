@@ -45,11 +45,9 @@ def _close(a, b) -> bool:
   return a == b
 
 
-# 2x2x2 runs by default (every axis > 1); 2x4x1 with the slow tests.
-@pytest.mark.parametrize(
-    "axes", [pytest.param((2, 4, 1), marks=pytest.mark.slow), (2, 2, 2)]
-)
-def test_sharded_run_matches_one_device(tmp_path, tiny_model, axes):
+@pytest.fixture(scope="module")
+def one_device_run(tmp_path_factory, tiny_model):
+  """(config, workdir) of the 2-stage run on one device (module-wide)."""
   config = e2e.tiny_train_config(*tiny_model)
   update = config.sat.update
   optimizer = dataclasses.replace(update.optimizer, eps=1e-6)
@@ -59,25 +57,41 @@ def test_sharded_run_matches_one_device(tmp_path, tiny_model, axes):
           config.sat, update=dataclasses.replace(update, optimizer=optimizer)
       ),
   )
+  workdir = tmp_path_factory.mktemp("one")
   one = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  train.train_and_evaluate(config, tmp_path / "one", one, progress=False)
-  mesh_config = sharding.MeshConfig(axes=tuple(zip(sharding.MESH_AXES, axes)))
-  mesh = sharding.make_mesh(mesh_config)
-  assert dict(mesh.shape) == dict(zip(sharding.MESH_AXES, axes))
-  train.train_and_evaluate(config, tmp_path / "many", mesh, progress=False)
+  train.train_and_evaluate(config, workdir, one, progress=False)
+  return config, workdir
 
-  rows_one = e2e.comparable_rows(tmp_path / "one")
-  rows_many = e2e.comparable_rows(tmp_path / "many")
-  assert [(r["step"], r["kind"]) for r in rows_many] == [
+
+def _assert_same_rows(dir_one, dir_other):
+  rows_one = e2e.comparable_rows(dir_one)
+  rows_other = e2e.comparable_rows(dir_other)
+  assert [(r["step"], r["kind"]) for r in rows_other] == [
       (r["step"], r["kind"]) for r in rows_one
   ]
-  for a, b in zip(rows_one, rows_many):
+  for a, b in zip(rows_one, rows_other):
     assert a.keys() == b.keys()
     bad = {k: (a[k], b[k]) for k in a if not _close(a[k], b[k])}
     assert not bad, (a["step"], a["kind"], bad)
   stage = [r for r in rows_one if r["kind"] == "stage"]
   assert {r["reward"] for r in stage} != {0.0}  # the runs had signal
-  params_one, _ = e2e.final_params(tmp_path / "one", config, one)
+
+
+# 2x2x2 runs by default (every axis > 1); 2x4x1 with the slow tests.
+@pytest.mark.parametrize(
+    "axes", [pytest.param((2, 4, 1), marks=pytest.mark.slow), (2, 2, 2)]
+)
+def test_sharded_run_matches_one_device(
+    tmp_path, tiny_model, one_device_run, axes
+):
+  config, dir_one = one_device_run
+  one = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  mesh_config = sharding.MeshConfig(axes=tuple(zip(sharding.MESH_AXES, axes)))
+  mesh = sharding.make_mesh(mesh_config)
+  assert dict(mesh.shape) == dict(zip(sharding.MESH_AXES, axes))
+  train.train_and_evaluate(config, tmp_path / "many", mesh, progress=False)
+  _assert_same_rows(dir_one, tmp_path / "many")
+  params_one, _ = e2e.final_params(dir_one, config, one)
   params_many, _ = e2e.final_params(tmp_path / "many", config, one)
   start = jax.device_get(models.load_hf(tiny_model[0])[1])
   for j, (p_one, p_many) in enumerate(zip(params_one, params_many)):
@@ -99,3 +113,21 @@ def test_sharded_run_matches_one_device(tmp_path, tiny_model, axes):
   embed = team.params[0]["embed"]
   assert len(embed.sharding.device_set) == 8
   assert embed.sharding.shard_shape(embed.shape) != embed.shape
+
+
+def test_sampler_on_a_mesh_of_its_own_matches_one_device(
+    tmp_path, one_device_run
+):
+  # Training on device 0, the sampler (rollouts and evaluation) over
+  # devices 0-1, set by the config alone: the same run.
+  config, dir_one = one_device_run
+  config = dataclasses.replace(
+      config,
+      mesh=sharding.MeshConfig(num_devices=1),
+      rollout=dataclasses.replace(
+          config.rollout, mesh=sharding.MeshConfig(num_devices=2)
+      ),
+  )
+  assert train.sampling_mesh(config)["sampling_mesh"].size == 2
+  train.train_and_evaluate(config, tmp_path / "split", progress=False)
+  _assert_same_rows(dir_one, tmp_path / "split")

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import jax
 
+from sat_jax import sharding
 from sat_jax.eval import runner
 from sat_jax.tasks import base
 from sat_jax.team import lm_agent as lm_agent_lib
@@ -53,12 +54,15 @@ def make_generate_fn(
     top_p: float | None = None,
     top_k: int | None = None,
     share_renderings: bool = True,
+    sampling_mesh: jax.sharding.Mesh | None = None,
+    sampling_rules: sharding.LogicalRules | None = None,
 ) -> runner.GenerateFn:
   """`generate_fn(examples, k, key)` for `runner.evaluate` (module docstring).
 
   `params` holds one parameter pytree per agent (e.g. `core.team_params`).
   The last call's `RolloutResult` (records and stats, no batch) is kept as
   `generate_fn.last`; `generate_fn.speaker` is the LM speaker.
+  `sampling_mesh` / `sampling_rules`: where the sampler runs (speaker.py).
   """
   rollout_lib.check_agents(agents, tokenizers)
   protocol.check_team(len(agents))
@@ -88,7 +92,13 @@ def make_generate_fn(
       for a, r in zip(agents, renderers)
   ]
   speaker = speaker_lib.LMSpeaker(
-      agents, renderers, options, protocol, training=False
+      agents,
+      renderers,
+      options,
+      protocol,
+      training=False,
+      sampling_mesh=sampling_mesh,
+      sampling_rules=sampling_rules,
   )
   params = tuple(params)
 

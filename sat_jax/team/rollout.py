@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from sat_jax import models
+from sat_jax import sharding
 from sat_jax.core import batch as batch_lib
 from sat_jax.tasks import base
 from sat_jax.team import lm_agent as lm_agent_lib
@@ -219,6 +220,8 @@ class LMRollout:
       group_size: int,
       chat_templates: Sequence[str | None] | None = None,
       share_renderings: bool = True,
+      sampling_mesh: jax.sharding.Mesh | None = None,
+      sampling_rules: sharding.LogicalRules | None = None,
   ):
     check_agents(agents, tokenizers)
     cfg.check_team(len(agents))
@@ -248,7 +251,13 @@ class LMRollout:
         for a, r in zip(agents, renderers)
     ]
     self.speaker = speaker_lib.LMSpeaker(
-        agents, renderers, options, cfg, training=True
+        agents,
+        renderers,
+        options,
+        cfg,
+        training=True,
+        sampling_mesh=sampling_mesh,
+        sampling_rules=sampling_rules,
     )
     self.task, self.examples, self.cfg = task, list(examples), cfg
     self.num_prompts, self.group_size = num_prompts, group_size
@@ -306,6 +315,8 @@ def make_rollout_fn(
     group_size: int,
     chat_templates: Sequence[str | None] | None = None,
     share_renderings: bool = True,
+    sampling_mesh: jax.sharding.Mesh | None = None,
+    sampling_rules: sharding.LogicalRules | None = None,
 ) -> LMRollout:
   """The core's `RolloutFn` (params tuple, key) -> TeamBatch; see LMRollout.
 
@@ -314,6 +325,8 @@ def make_rollout_fn(
   that every example's first prompt fits every agent's context.
   `share_renderings` lets agents with the same tokenizer and template share
   renderings and tokenisations (identical batches, less host work).
+  `sampling_mesh` / `sampling_rules`: where the sampler runs, if not on the
+  caller's mesh (speaker.py); the batch is placed on the caller's mesh.
   """
   return LMRollout(
       agents,
@@ -325,4 +338,6 @@ def make_rollout_fn(
       group_size=group_size,
       chat_templates=chat_templates,
       share_renderings=share_renderings,
+      sampling_mesh=sampling_mesh,
+      sampling_rules=sampling_rules,
   )

@@ -17,9 +17,17 @@ recomputes (DESIGN §3); this is checked. Evaluation may pass other options.
 
 Under a mesh (`jax.set_mesh`), prompt rows are placed over the logical
 "batch" axis (("data", "fsdp") by default); parameters stay as the caller
-sharded them.
+sharded them. A speaker given its own `sampling_mesh` samples there
+instead: `reset` copies each agent's parameters onto that mesh (sharded by
+their logical axes under `sampling_rules`, i.e. replicated over a data-only
+mesh) and every sampler call runs under it, whatever mesh the caller is in;
+what `finish` returns is host data, so the batch built from it lands on the
+caller's (training) mesh. On CPU hosts a sampler mesh over two devices with
+the training on one runs two decode streams side by side, one per core
+(the decode step's small matmuls split badly across cores within one op).
 """
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -37,6 +45,7 @@ from sat_jax.team import protocols
 from sat_jax.team import transcript as transcript_lib
 
 PyTree = Any
+_REPLICATED = jax.sharding.PartitionSpec()
 
 
 class ContextOverflowError(ValueError):
@@ -139,6 +148,8 @@ class LMSpeaker:
       cfg: protocols.ProtocolConfig,
       *,
       training: bool,
+      sampling_mesh: jax.sharding.Mesh | None = None,
+      sampling_rules: sharding.LogicalRules | None = None,
   ):
     if not len(agents) == len(renderers) == len(options):
       raise ValueError(
@@ -150,6 +161,10 @@ class LMSpeaker:
         check_training_options(k, agent, opt)
     self.agents, self.renderers, self.options = agents, renderers, options
     self.cfg = cfg
+    self.sampling_mesh = sampling_mesh
+    self.sampling_rules = (
+        sharding.DEFAULT_RULES if sampling_rules is None else sampling_rules
+    )
     self.params: tuple[PyTree, ...] = ()
     self.streams: list[list[transcript_lib.Stream]] = []
     self.timing = {"render_s": 0.0, "sample_s": 0.0, "decode_s": 0.0}
@@ -161,7 +176,10 @@ class LMSpeaker:
       raise ValueError(
           f"{len(params)} parameter sets for {len(self.agents)} agents"
       )
-    self.params = tuple(params)
+    self.params = tuple(
+        self._to_sampling_mesh(agent.config, p)
+        for agent, p in zip(self.agents, params)
+    )
     self.streams = [
         [transcript_lib.Stream() for _ in self.agents]
         for _ in range(num_episodes)
@@ -170,6 +188,25 @@ class LMSpeaker:
       r.clear_cache()
     self.timing = dict.fromkeys(self.timing, 0.0)
     self.calls = 0
+
+  def _to_sampling_mesh(self, config: models.ModelConfig, params: PyTree):
+    if self.sampling_mesh is None:
+      return params
+    shardings = sharding.logical_to_sharding(
+        models.param_axes(config),
+        self.sampling_mesh,
+        self.sampling_rules,
+        shapes=params,
+    )
+    return jax.device_put(params, shardings)
+
+  def _on_sampling_mesh(self) -> contextlib.AbstractContextManager:
+    """The sampling mesh and its rules as the current ones (if any)."""
+    stack = contextlib.ExitStack()
+    if self.sampling_mesh is not None:
+      stack.enter_context(jax.set_mesh(self.sampling_mesh))
+      stack.enter_context(sharding.logical_rules(self.sampling_rules))
+    return stack
 
   def start(self, agent: int, requests: Sequence[play.Request], key):
     t0 = time.perf_counter()
@@ -186,7 +223,8 @@ class LMSpeaker:
     for i in rows:
       streams[i].add_context(rendered[i], delta_ids[i])
     t1 = time.perf_counter()
-    output = self._sample(agent, [streams[i].tokens() for i in rows], key)
+    with self._on_sampling_mesh():
+      output = self._sample(agent, [streams[i].tokens() for i in rows], key)
     self.timing["render_s"] += t1 - t0
     self.timing["sample_s"] += time.perf_counter() - t1
     return _Handle(agent, requests, rows, output)
@@ -225,6 +263,10 @@ class LMSpeaker:
       tokens[i, p - len(ids) :], mask[i, p - len(ids) :] = ids, 1
     where = batch_sharding((b, p))
     tokens, mask = jax.device_put((tokens, mask), where)
+    if self.sampling_mesh is not None:  # the caller's key may live elsewhere
+      key = jax.device_put(
+          key, jax.sharding.NamedSharding(self.sampling_mesh, _REPLICATED)
+      )
     self.calls += 1
     return sampling.sample(
         self.agents[agent].config,
