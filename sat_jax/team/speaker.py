@@ -200,13 +200,15 @@ class LMSpeaker:
     )
     return jax.device_put(params, shardings)
 
-  def _on_sampling_mesh(self) -> contextlib.AbstractContextManager:
+  @contextlib.contextmanager
+  def _on_sampling_mesh(self):
     """The sampling mesh and its rules as the current ones (if any)."""
-    stack = contextlib.ExitStack()
-    if self.sampling_mesh is not None:
-      stack.enter_context(jax.set_mesh(self.sampling_mesh))
-      stack.enter_context(sharding.logical_rules(self.sampling_rules))
-    return stack
+    if self.sampling_mesh is None:
+      yield
+      return
+    with jax.set_mesh(self.sampling_mesh):
+      with sharding.logical_rules(self.sampling_rules):
+        yield
 
   def start(self, agent: int, requests: Sequence[play.Request], key):
     t0 = time.perf_counter()
