@@ -28,21 +28,28 @@ sys.path.insert(0, str(_REPO))
 
 def timed(fn, repeats: int, warmup: int = 1) -> dict:
   """Times `fn()` (which must block until done): warm-up calls, then repeats."""
-  t0 = time.perf_counter()
-  fn()
-  first = time.perf_counter() - t0
-  for _ in range(warmup - 1):
-    fn()
-  times = []
-  for _ in range(repeats):
+  return timed_interleaved((fn,), repeats, warmup)[0]
+
+
+def timed_interleaved(fns, repeats: int, warmup: int = 1) -> list[dict]:
+  """`timed` for several calls, one of each per round (drift hits all)."""
+  first = []
+  for fn in fns:
     t0 = time.perf_counter()
     fn()
-    times.append(time.perf_counter() - t0)
-  return {
-      "times_s": times,
-      "median_s": statistics.median(times),
-      "first_call_s": first,
-  }
+    first.append(time.perf_counter() - t0)
+    for _ in range(warmup - 1):
+      fn()
+  times = [[] for _ in fns]
+  for _ in range(repeats):
+    for fn, ts in zip(fns, times):
+      t0 = time.perf_counter()
+      fn()
+      ts.append(time.perf_counter() - t0)
+  return [
+      {"times_s": ts, "median_s": statistics.median(ts), "first_call_s": f}
+      for ts, f in zip(times, first)
+  ]
 
 
 def _maxrss_bytes() -> int:
@@ -203,25 +210,6 @@ def _sampler_on_devices(config, params, prompts, options):
   many = sampling.sample(config, placed, rows, mask, options, key)
   same = bool((np.asarray(one.tokens_BxN) == np.asarray(many.tokens_BxN)).all())
   return sample_dp, same
-
-
-def timed_interleaved(fns, repeats: int) -> list[dict]:
-  """`timed` for several calls, one of each per round (drift hits all)."""
-  first = []
-  for fn in fns:
-    t0 = time.perf_counter()
-    fn()
-    first.append(time.perf_counter() - t0)
-  times = [[] for _ in fns]
-  for _ in range(repeats):
-    for fn, ts in zip(fns, times):
-      t0 = time.perf_counter()
-      fn()
-      ts.append(time.perf_counter() - t0)
-  return [
-      {"times_s": ts, "median_s": statistics.median(ts), "first_call_s": f}
-      for ts, f in zip(times, first)
-  ]
 
 
 def torch_side(args: dict) -> dict:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from sat_jax import checkpoint as checkpoint_lib
+from sat_jax import config as config_lib
 from sat_jax import metrics as metrics_lib
 from sat_jax import train
 from sat_jax.core import stage as stage_lib
@@ -135,6 +136,30 @@ def test_truncation_keeps_complete_steps_and_rebuilds_tensorboard(tmp_path):
   }
   assert train._truncate_metrics(tmp_path, None) == []  # pylint: disable=protected-access
   assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_a_run_saved_before_new_config_fields_still_resumes():
+  sys.path.insert(0, str(_TESTS.parent / "experiments"))
+  import demo  # pylint: disable=g-import-not-at-top
+
+  config = config_lib.from_dict(demo.get_config())
+  current = config_lib.to_dict(config)
+  # config.json of a run started before `rollout.mesh` and
+  # `mesh.num_devices` existed: they compare at their defaults.
+  saved = json.loads(json.dumps(current))
+  del saved["rollout"]["mesh"], saved["mesh"]["num_devices"]
+  train._check_resumable(saved, current)  # pylint: disable=protected-access
+  # A real change still refuses the workdir, and so does a config.json
+  # that no longer parses (compared as saved).
+  saved["rollout"]["group_size"] = 2
+  with pytest.raises(
+      ValueError, match=r"differs from this config in \['rollout'\]"
+  ):
+    train._check_resumable(saved, current)  # pylint: disable=protected-access
+  saved["rollout"]["group_size"] = 1
+  # (unparsed, the missing fields count as differences too)
+  with pytest.raises(ValueError, match=r"\['mesh', 'rollout'\]"):
+    train._check_resumable(saved, current)  # pylint: disable=protected-access
 
 
 def test_stage_rows_flag_an_accepted_update_outside_its_region():

@@ -116,11 +116,24 @@ def test_sharded_run_matches_one_device(
 
 
 def test_sampler_on_a_mesh_of_its_own_matches_one_device(
-    tmp_path, one_device_run
+    tmp_path, one_device_run, monkeypatch
 ):
   # Training on device 0, the sampler (rollouts and evaluation) over
   # devices 0-1, set by the config alone: the same run.
   config, dir_one = one_device_run
+  meshes = []  # the sampling mesh of every rollout / evaluation function
+
+  def spy(make):
+    def wrapped(*args, **kwargs):
+      meshes.append(kwargs.get("sampling_mesh"))
+      return make(*args, **kwargs)
+
+    return wrapped
+
+  for name in ("make_rollout_fn", "make_generate_fn"):
+    monkeypatch.setattr(
+        train.team_lib, name, spy(getattr(train.team_lib, name))
+    )
   config = dataclasses.replace(
       config,
       mesh=sharding.MeshConfig(num_devices=1),
@@ -128,6 +141,7 @@ def test_sampler_on_a_mesh_of_its_own_matches_one_device(
           config.rollout, mesh=sharding.MeshConfig(num_devices=2)
       ),
   )
-  assert train.sampling_mesh(config)["sampling_mesh"].size == 2
   train.train_and_evaluate(config, tmp_path / "split", progress=False)
+  assert len(meshes) >= 2  # the stage rollouts and the evaluations
+  assert all(m is not None and m.size == 2 for m in meshes), meshes
   _assert_same_rows(dir_one, tmp_path / "split")
