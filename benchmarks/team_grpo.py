@@ -116,6 +116,7 @@ def _direct_rollout(config, tokenizer):
 
   from sat_jax import models  # pylint: disable=g-import-not-at-top
   from sat_jax import sampling  # pylint: disable=g-import-not-at-top
+  from sat_jax import scoring  # pylint: disable=g-import-not-at-top
   from sat_jax.core import batch as batch_lib  # pylint: disable=g-import-not-at-top
 
   options = sampling.SamplingOptions(
@@ -151,6 +152,11 @@ def _direct_rollout(config, tokenizer):
         "tokens_ExT": jax.device_put(tokens_ExT),
         "mask_ExT": jax.device_put(mask_ExT),
     }
+    # One agent: its own tokens are the completions, scored there only (as
+    # the team path's views do; TRL computes the head on them alone too).
+    positions = scoring.action_positions(agent_ExT == 0)
+    if positions is not None:
+      inputs["positions_ExA"] = jax.device_put(positions)
     return batch_lib.TeamBatch.from_shared(
         inputs,
         agent_ExT,
@@ -261,6 +267,11 @@ def _path_result(agent, params, steps, batch) -> dict[str, Any]:
       "first_s": times[0],
       "tokens_shape": list(view.inputs["tokens_ExT"].shape),
       "own_tokens_per_row": sorted(set(mask.sum(1).tolist())),
+      "head_positions_per_row": (
+          view.inputs["positions_ExA"].shape[1]
+          if "positions_ExA" in view.inputs
+          else None
+      ),
       "logp_max_abs_diff": float(np.where(mask, diff, 0.0).max()),
   }
   for phase in team_phases.PHASES + ("other",):

@@ -21,6 +21,13 @@ Two levels:
   p_old(.|tokens[:, :t]))`. A position has a state when it and the position
   before it are valid (mask 1); other positions (position 0, padding, the first
   token after left padding) give 0.
+
+The model-level wrappers take optional `positions_BxA`: the action positions
+whose values are wanted (an agent's own tokens), A <= T per row, 0 for an
+unused slot (position 0 never has a state). The body still runs over all T
+tokens, but the unembedding and the softmax over V, the larger part of a
+small model's scoring, run on those A states only; every other position of
+the [B, T] result is 0. `action_positions` builds them from a mask.
 """
 
 import functools
@@ -28,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sat_jax import models
 from sat_jax import sharding
@@ -381,6 +389,71 @@ def _next_tokens(tokens_BxT: jax.Array) -> jax.Array:
   return jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))
 
 
+def action_positions(
+    selected_BxT: np.ndarray, multiple: int = 16
+) -> np.ndarray | None:
+  """positions_BxA of the selected positions of each row, in order (host).
+
+  A is the largest per-row count rounded up to a multiple of `multiple` (so
+  that batches of similar counts share one compiled shape), capped at T;
+  unused slots hold 0. None when A would be T (the full pass is as cheap).
+  Position 0 has no state: selecting it raises.
+  """
+  selected = np.asarray(selected_BxT, bool)
+  if selected.ndim != 2:
+    raise ValueError(f"action_positions: mask {selected.shape} is not [B, T]")
+  if selected[:, :1].any():
+    raise ValueError("action_positions: position 0 has no state to score")
+  t = selected.shape[1]
+  count = int(selected.sum(axis=1).max()) if selected.size else 0
+  a = min(t, max(multiple, -(-count // multiple) * multiple))
+  if a >= t:
+    return None
+  # A stable sort puts each row's selected positions first, in order.
+  order_BxT = np.argsort(~selected, axis=1, kind="stable")[:, :a]
+  keep_BxA = np.take_along_axis(selected, order_BxT, axis=1)
+  return np.where(keep_BxA, order_BxT, 0).astype(np.int32)
+
+
+def _check_positions(positions_BxA, tokens_BxT, name):
+  if positions_BxA is None:
+    return
+  b, t = tokens_BxT.shape
+  if positions_BxA.ndim != 2 or positions_BxA.shape[0] != b:
+    raise ValueError(
+        f"{name}: positions {positions_BxA.shape} are not [B={b}, A]"
+    )
+  if positions_BxA.shape[1] > t:
+    raise ValueError(
+        f"{name}: {positions_BxA.shape[1]} positions per row exceed T={t}"
+    )
+  if not jnp.issubdtype(positions_BxA.dtype, jnp.integer):
+    raise ValueError(f"{name}: positions have dtype {positions_BxA.dtype}")
+
+
+def _at_positions(h_BxTxD, tokens_BxT, positions_BxA):
+  """(h at each position's state, the token there): the head's inputs.
+
+  Without positions: every state, aligned (row t scores token t + 1).
+  """
+  if positions_BxA is None:
+    return h_BxTxD, _next_tokens(tokens_BxT)
+  state_BxA = jnp.maximum(positions_BxA - 1, 0)
+  h_BxAxD = jnp.take_along_axis(h_BxTxD, state_BxA[..., None], axis=1)
+  return h_BxAxD, jnp.take_along_axis(tokens_BxT, positions_BxA, axis=1)
+
+
+def _to_positions(values_BxA, mask_BxT, positions_BxA):
+  """The head's [B, A] (or aligned [B, T]) values as action-position [B, T]."""
+  if positions_BxA is None:
+    return _to_action_positions(values_BxA, mask_BxT)
+  rows_Bx1 = jnp.arange(mask_BxT.shape[0])[:, None]
+  used_BxA = (positions_BxA > 0).astype(values_BxA.dtype)
+  out_BxT = jnp.zeros(mask_BxT.shape, values_BxA.dtype)
+  out_BxT = out_BxT.at[rows_Bx1, positions_BxA].add(values_BxA * used_BxA)
+  return out_BxT * _state_mask(mask_BxT)
+
+
 def _check_tokens(tokens_BxT, mask_BxT, name):
   if tokens_BxT.ndim != 2 or mask_BxT.shape != tokens_BxT.shape:
     raise ValueError(
@@ -398,22 +471,26 @@ def token_logprobs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     remat: bool = False,
+    positions_BxA: jax.Array | None = None,
 ) -> jax.Array:
   """logp_BxT[:, t] = log softmax(z(tokens[:, :t]) / tau)[tokens[:, t]].
 
   Indexed by action position; 0 where t has no state (see module docstring).
   float32, differentiable in `params`; `remat` recomputes each layer of the
   model body in the backward pass (passed to `models.hidden_states`).
+  `positions_BxA`: only those positions (module docstring).
   """
   _check_tokens(tokens_BxT, mask_BxT, "token_logprobs")
+  _check_positions(positions_BxA, tokens_BxT, "token_logprobs")
   h_BxTxD = models.hidden_states(
       config, params, tokens_BxT, mask_BxT, remat=remat
   )
   w_DxV = models.unembed_matrix(config, params)
-  aligned_BxT = token_logprobs_from_hidden(
-      h_BxTxD, w_DxV, _next_tokens(tokens_BxT), temperature, chunk_size
+  h_head, targets = _at_positions(h_BxTxD, tokens_BxT, positions_BxA)
+  values = token_logprobs_from_hidden(
+      h_head, w_DxV, targets, temperature, chunk_size
   )
-  return _to_action_positions(aligned_BxT, mask_BxT)
+  return _to_positions(values, mask_BxT, positions_BxA)
 
 
 def token_logprobs_and_entropy(
@@ -425,19 +502,22 @@ def token_logprobs_and_entropy(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     remat: bool = False,
+    positions_BxA: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """`token_logprobs` and the entropy of the distribution at each state."""
   _check_tokens(tokens_BxT, mask_BxT, "token_logprobs_and_entropy")
+  _check_positions(positions_BxA, tokens_BxT, "token_logprobs_and_entropy")
   h_BxTxD = models.hidden_states(
       config, params, tokens_BxT, mask_BxT, remat=remat
   )
   w_DxV = models.unembed_matrix(config, params)
-  logp_BxT, entropy_BxT = token_logprobs_and_entropy_from_hidden(
-      h_BxTxD, w_DxV, _next_tokens(tokens_BxT), temperature, chunk_size
+  h_head, targets = _at_positions(h_BxTxD, tokens_BxT, positions_BxA)
+  logp, entropy = token_logprobs_and_entropy_from_hidden(
+      h_head, w_DxV, targets, temperature, chunk_size
   )
   return (
-      _to_action_positions(logp_BxT, mask_BxT),
-      _to_action_positions(entropy_BxT, mask_BxT),
+      _to_positions(logp, mask_BxT, positions_BxA),
+      _to_positions(entropy, mask_BxT, positions_BxA),
   )
 
 
@@ -465,6 +545,7 @@ def state_kl(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     remat: bool = False,
+    positions_BxA: jax.Array | None = None,
 ) -> jax.Array:
   """kl_BxT[:, t] = KL(p_new(.|tokens[:, :t]) || p_old(.|tokens[:, :t])).
 
@@ -472,7 +553,8 @@ def state_kl(
   temperature tau) that produced token t; 0 where t has no state. The two
   configs may differ in everything but `vocab_size`. float32, differentiable
   in `params_new` (no gradient is computed for the old side under
-  `jax.grad` w.r.t. `params_new`).
+  `jax.grad` w.r.t. `params_new`). `positions_BxA`: only those positions
+  (module docstring).
   """
   if config_new.vocab_size != config_old.vocab_size:
     raise ValueError(
@@ -480,6 +562,7 @@ def state_kl(
         f" {config_new.vocab_size} (new) and {config_old.vocab_size} (old)"
     )
   _check_tokens(tokens_BxT, mask_BxT, "state_kl")
+  _check_positions(positions_BxA, tokens_BxT, "state_kl")
   h_new_BxTxD, h_old_BxTxD = _hidden_pair(
       config_new,
       params_new,
@@ -489,15 +572,34 @@ def state_kl(
       mask_BxT,
       remat,
   )
-  aligned_BxT = kl_from_hidden(
-      h_new_BxTxD,
+  kl = kl_from_hidden(
+      _at_positions(h_new_BxTxD, tokens_BxT, positions_BxA)[0],
       models.unembed_matrix(config_new, params_new),
-      h_old_BxTxD,
+      _at_positions(h_old_BxTxD, tokens_BxT, positions_BxA)[0],
       models.unembed_matrix(config_old, params_old),
       temperature,
       chunk_size,
   )
-  return _to_action_positions(aligned_BxT, mask_BxT)
+  return _to_positions(kl, mask_BxT, positions_BxA)
+
+
+def kl_reference_hidden(
+    config: models.ModelConfig,
+    params_old: PyTree,
+    tokens_BxT: jax.Array,
+    mask_BxT: jax.Array,
+    *,
+    positions_BxA: jax.Array | None = None,
+) -> jax.Array:
+  """The old model's side of the KL: its final hidden states at the states
+  scored ([B, A, D] at `positions_BxA`, else [B, T, D] aligned). Depends
+  only on params_old and the tokens, so an update that measures the KL
+  against fixed params_old many times computes it once.
+  """
+  _check_tokens(tokens_BxT, mask_BxT, "kl_reference_hidden")
+  _check_positions(positions_BxA, tokens_BxT, "kl_reference_hidden")
+  h_BxTxD = models.hidden_states(config, params_old, tokens_BxT, mask_BxT)
+  return _at_positions(h_BxTxD, tokens_BxT, positions_BxA)[0]
 
 
 def token_logprobs_and_state_kl(
@@ -510,31 +612,50 @@ def token_logprobs_and_state_kl(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     remat: bool = False,
+    positions_BxA: jax.Array | None = None,
+    reference_hidden: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """`token_logprobs` of params_new and `state_kl` of new against old.
 
   One body pass on params_new serves both (and one backward through it),
   where the two functions would run it twice; the values are the same.
   Both models share `config` (the trainer's case: one agent's new and
-  stage-start params).
+  stage-start params). `reference_hidden`: `kl_reference_hidden` of
+  params_old on the same tokens and positions, computed once for many
+  calls (the old model's body pass is then skipped; params_old only gives
+  its output matrix).
   """
   _check_tokens(tokens_BxT, mask_BxT, "token_logprobs_and_state_kl")
-  h_new_BxTxD, h_old_BxTxD = _hidden_pair(
-      config, params_new, config, params_old, tokens_BxT, mask_BxT, remat
+  _check_positions(positions_BxA, tokens_BxT, "token_logprobs_and_state_kl")
+  h_new_BxTxD = models.hidden_states(
+      config, params_new, tokens_BxT, mask_BxT, remat=remat
   )
   w_new_DxV = models.unembed_matrix(config, params_new)
-  logp_BxT = token_logprobs_from_hidden(
-      h_new_BxTxD, w_new_DxV, _next_tokens(tokens_BxT), temperature, chunk_size
+  h_new, targets = _at_positions(h_new_BxTxD, tokens_BxT, positions_BxA)
+  if reference_hidden is None:
+    h_old = kl_reference_hidden(
+        config, params_old, tokens_BxT, mask_BxT, positions_BxA=positions_BxA
+    )
+  elif reference_hidden.shape != h_new.shape:
+    raise ValueError(
+        "token_logprobs_and_state_kl: reference_hidden"
+        f" {reference_hidden.shape} != {h_new.shape}, the new side's states"
+        " (same tokens and positions?)"
+    )
+  else:
+    h_old = reference_hidden
+  logp = token_logprobs_from_hidden(
+      h_new, w_new_DxV, targets, temperature, chunk_size
   )
-  kl_BxT = kl_from_hidden(
-      h_new_BxTxD,
+  kl = kl_from_hidden(
+      h_new,
       w_new_DxV,
-      h_old_BxTxD,
+      h_old,
       models.unembed_matrix(config, params_old),
       temperature,
       chunk_size,
   )
   return (
-      _to_action_positions(logp_BxT, mask_BxT),
-      _to_action_positions(kl_BxT, mask_BxT),
+      _to_positions(logp, mask_BxT, positions_BxA),
+      _to_positions(kl, mask_BxT, positions_BxA),
   )

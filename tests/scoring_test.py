@@ -538,3 +538,104 @@ def test_model_logprobs_match_pytorch_transformers(tmp_path):
   assert np.all(np.asarray(got[:, 0]) == 0)
   np.testing.assert_allclose(got[:, 1:], ref.numpy(), atol=1e-4)
   assert ref.numpy().std() > 0.1  # not a flat distribution
+
+
+# --------------------------------------------------- selected positions only
+
+
+def test_action_positions_hand_computed():
+  selected = np.zeros((3, 40), bool)
+  selected[0, [2, 3, 7]] = True
+  selected[1, 5:25] = True  # 20 positions: A rounds up to 32
+  got = scoring.action_positions(selected)
+  assert got.shape == (3, 32) and got.dtype == np.int32
+  np.testing.assert_array_equal(got[0], [2, 3, 7] + [0] * 29)
+  np.testing.assert_array_equal(got[1], list(range(5, 25)) + [0] * 12)
+  np.testing.assert_array_equal(got[2], [0] * 32)  # a row with none
+  np.testing.assert_array_equal(
+      scoring.action_positions(selected, multiple=4)[1, :20], range(5, 25)
+  )
+  assert scoring.action_positions(selected, multiple=4).shape == (3, 20)
+  # A would reach T: no positions (the full pass costs the same).
+  assert scoring.action_positions(selected[:, :30]) is None
+  with pytest.raises(ValueError, match="position 0 has no state"):
+    scoring.action_positions(np.eye(3, 40, dtype=bool))
+  with pytest.raises(ValueError, match="not .B, T."):
+    scoring.action_positions(np.zeros(5, bool))
+
+
+def _selected_positions(mask, seed=0):
+  """A random subset of each row's scored states, and its positions_BxA."""
+  rng = np.random.default_rng(seed)
+  state = np.asarray(scoring._state_mask(mask)) > 0
+  selected = state & (rng.random(state.shape) < 0.5)
+  selected[0] = state[0]  # one row with every state (no unused slot)
+  positions = scoring.action_positions(selected, multiple=1)
+  assert positions is not None and positions.shape[1] < mask.shape[1]
+  return selected, jnp.asarray(positions)
+
+
+def test_positions_give_the_full_values_there_and_zero_elsewhere():
+  # The same values and gradients as the full pass at the selected
+  # positions, for every model-level wrapper.
+  cfg_old = _TINY.replace(hidden_size=32, num_layers=1, mlp_dim=64)
+  p_new = models.init_params(_TINY, jax.random.PRNGKey(3))
+  # Far from uniform (a KL well above 0) but not one-hot (an entropy too).
+  p_new = dict(p_new, embed=p_new["embed"] * 8)
+  p_old = models.init_params(_TINY, jax.random.PRNGKey(4))
+  p_old_other = models.init_params(cfg_old, jax.random.PRNGKey(5))
+  tokens, mask = _tokens_and_mask(_TINY, b=3, t=11)
+  mask = mask.at[0, -1].set(0)  # every row padded: row 0 still has 9 states
+  selected, positions = _selected_positions(mask)
+  weights = jnp.asarray(selected) * jax.random.normal(
+      jax.random.PRNGKey(6), tokens.shape
+  )
+  tau = 0.8
+
+  def fns(pos):
+    return {
+        "logp": lambda p: scoring.token_logprobs(
+            _TINY, p, tokens, mask, tau, 4, positions_BxA=pos
+        ),
+        "entropy": lambda p: scoring.token_logprobs_and_entropy(
+            _TINY, p, tokens, mask, tau, 4, positions_BxA=pos
+        )[1],
+        "kl": lambda p: scoring.state_kl(
+            _TINY, p, cfg_old, p_old_other, tokens, mask, tau, 4,
+            positions_BxA=pos,
+        ),
+        "fused": lambda p: sum(
+            scoring.token_logprobs_and_state_kl(
+                _TINY, p, p_old, tokens, mask, tau, 4, positions_BxA=pos
+            )
+        ),
+    }  # fmt: skip
+
+  full, at = fns(None), fns(positions)
+  for name in full:
+    ref, g_ref = _values_and_grads(full[name], p_new, weights)
+    got, g = _values_and_grads(at[name], p_new, weights)
+    np.testing.assert_allclose(
+        np.asarray(got)[selected], np.asarray(ref)[selected], atol=1e-5
+    )
+    assert np.all(np.abs(np.asarray(ref)[selected]) > 1e-4), name
+    assert np.all(np.asarray(got)[~selected] == 0), name
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+        g,
+        g_ref,
+    )
+
+
+def test_positions_are_checked():
+  tokens, mask = _tokens_and_mask(_TINY)
+  shapes = models.param_shapes(_TINY)
+  with pytest.raises(ValueError, match="positions .2, 3. are not .B=3, A."):
+    scoring.token_logprobs(
+        _TINY, shapes, tokens, mask, positions_BxA=jnp.ones((2, 3), jnp.int32)
+    )
+  with pytest.raises(ValueError, match="12 positions per row exceed T=11"):
+    scoring.state_kl(
+        _TINY, shapes, _TINY, shapes, tokens, mask,
+        positions_BxA=jnp.ones((3, 12), jnp.int32),
+    )  # fmt: skip

@@ -123,6 +123,11 @@ def _check_consistency(agents, params, batch):
     assert np.all(behaviour[own] < 0) and np.all(behaviour[~own] == 0)
     kl = np.asarray(_kl(agent, params[k], view.inputs))
     assert np.abs(kl[own]).max() <= 1e-6, k
+    if "positions_ExA" in view.inputs:  # the head ran at own tokens only
+      np.testing.assert_array_equal(
+          view.inputs["positions_ExA"], scoring.action_positions(own)
+      )
+      assert np.all(logp[~own] == 0), k
 
 
 @pytest.mark.parametrize("protocol", protocols.PROTOCOLS)
@@ -131,6 +136,8 @@ def test_recomputed_logprobs_equal_behaviour_and_kl_is_zero(toks, protocol):
   cfg = dataclasses.replace(CFG, protocol=protocol)
   fn, batch, params = _rollout(agents, [toks[0]] * 3, cfg)
   _check_consistency(agents, params, batch)
+  # Own tokens are a minority of each view: scored at their positions only.
+  assert all("positions_ExA" in view.inputs for view in batch.views)
   assert batch.num_groups == 2
   np.testing.assert_array_equal(batch.group_E, [0, 0, 1, 1])
   np.testing.assert_allclose(
@@ -404,3 +411,19 @@ def test_agent_kl_and_fused_pass_match_the_scoring_kernels():
   np.testing.assert_allclose(kl_only, ref_kl, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(kl, ref_kl, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(logp, ref_logp, rtol=1e-5, atol=1e-6)
+  # With positions: the same values there, 0 elsewhere.
+  own = np.zeros((2, 12), bool)
+  own[0, [3, 4, 9]], own[1, [2, 6]] = True, True
+  inputs["positions_ExA"] = scoring.action_positions(own, multiple=4)
+  logp, kl = jax.jit(agent.logprobs_and_kl)(p_new, p_old, inputs)
+  for got, ref in ((logp, ref_logp), (kl, ref_kl)):
+    np.testing.assert_allclose(
+        np.asarray(got)[own], np.asarray(ref)[own], rtol=1e-5, atol=1e-6
+    )
+    assert np.all(np.asarray(got)[~own] == 0)
+  np.testing.assert_allclose(
+      jax.jit(agent.token_logprobs)(p_new, inputs), logp, rtol=1e-6
+  )
+  np.testing.assert_allclose(
+      jax.jit(agent.state_kl)(p_new, p_old, inputs), kl, rtol=1e-6
+  )

@@ -5,6 +5,7 @@ compiles once (same agent, same UpdateConfig, same view shape) for all the
 methods below.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -16,6 +17,8 @@ import transformers
 from sat_jax import core
 from sat_jax import models
 from sat_jax import testing
+from sat_jax.core import agent as agent_lib
+from sat_jax.core import objective
 from sat_jax.core import stage
 from sat_jax.tasks import base
 from sat_jax.team import lm_agent
@@ -197,3 +200,60 @@ def test_greedy_order_with_token_ratios_sorts_by_gradient_norm(rollout_fn):
   assert record.order[-1] == 0
   assert record.order == tuple(int(i) for i in np.argsort(norms)[::-1])
   assert all(s["accepted"] for s in record.steps)
+
+
+def test_the_kl_reference_computed_once_gives_the_per_step_update(rollout_fn):
+  # The core computes the old params' hidden states once per try
+  # (`kl_reference`) and slices them per minibatch; an agent without
+  # `kl_reference` runs the old body in every step. Same update, same
+  # monitor. Two minibatches of a random permutation: a reference sliced
+  # wrongly would pair episodes with another episode's old states.
+  @dataclasses.dataclass(frozen=True)
+  class PassPerStep(lm_agent.LMAgent):
+    kl_reference = None
+
+  agent = AGENTS[1]
+  params = models.init_params(agent.config, jax.random.key(1))
+  rollout_fn.pop_results()
+  view = rollout_fn(
+      [models.init_params(a.config, jax.random.key(k)) for k, a in
+       enumerate(AGENTS)],
+      jax.random.key(3),
+  ).views[1]  # fmt: skip
+  rollout_fn.pop_results()
+  e = view.mask_ExT.shape[0]
+  reference = agent.kl_reference(params, view.inputs)
+  a = view.inputs["positions_ExA"].shape[1]
+  assert reference.shape == (e, a, agent.config.hidden_size)
+  cfg = dataclasses.replace(UPDATE, minibatches=2)
+  adv_E = jnp.asarray([1.0, -1.0, 0.5, -0.5])
+  tx = agent_lib.make_optimizer(cfg.optimizer)
+
+  def update(agent, beta, kl_penalty=True):
+    return objective.update_agent(
+        agent, cfg, params, tx.init(params), params, jnp.float32(beta),
+        jnp.float32(1.0), jnp.float32(0.05), view, adv_E, jnp.ones(e),
+        jax.random.key(5), kl_penalty=kl_penalty,
+    )  # fmt: skip
+
+  got_params, _, got, _ = update(agent, 5.0)
+  ref_params, _, ref, _ = update(PassPerStep(agent.config, 0.8), 5.0)
+  jax.tree.map(
+      lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
+      got_params,
+      ref_params,
+  )
+  for name in ("kl_quantile", "kl_mean", "kl_max", "surrogate_gain"):
+    np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-7)
+  assert float(got["kl_mean"]) > 1e-6
+  # The KL term moves the update: a wrong reference could not go unseen.
+  no_kl_params = update(agent, 0.0, kl_penalty=False)[0]
+  assert (
+      max(
+          float(jnp.max(jnp.abs(x - y)))
+          for x, y in zip(
+              jax.tree.leaves(no_kl_params), jax.tree.leaves(got_params)
+          )
+      )
+      > 1e-4
+  )

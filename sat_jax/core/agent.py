@@ -18,6 +18,13 @@ An agent may also offer
       params_old, inputs) in one pass (an LM runs its body on params_new
       once instead of twice); the core uses it when present
       (`logprobs_and_kl` below).
+  kl_reference(params_old, inputs) -> reference
+      what the KL needs of params_old that does not change while params_new
+      does (an LM: its hidden states), every leaf with leading axis E; the
+      core then computes it once per update try and passes it, sliced with
+      the inputs, as logprobs_and_kl(..., reference=reference) (the agent
+      must then offer that keyword), instead of a pass over params_old in
+      every minibatch step.
 
 Positions where the agent does not act may hold anything finite: the team
 batch masks them out. Sampling is the rollout's business (see
@@ -53,11 +60,26 @@ class Agent(Protocol):
     ...
 
 
+def kl_reference(agent: Agent, params_old: PyTree, inputs: PyTree) -> Any:
+  """The agent's `kl_reference` of params_old, or None if it has none."""
+  fn = getattr(agent, "kl_reference", None)
+  return None if fn is None else fn(params_old, inputs)
+
+
 def logprobs_and_kl(
-    agent: Agent, params_new: PyTree, params_old: PyTree, inputs: PyTree
+    agent: Agent,
+    params_new: PyTree,
+    params_old: PyTree,
+    inputs: PyTree,
+    reference: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
-  """(logp_ExT, kl_ExT) of params_new: the agent's fused pass if it has one."""
+  """(logp_ExT, kl_ExT) of params_new: the agent's fused pass if it has one.
+
+  `reference`: `kl_reference(agent, params_old, inputs)` (None: none).
+  """
   fused = getattr(agent, "logprobs_and_kl", None)
+  if reference is not None:
+    return fused(params_new, params_old, inputs, reference=reference)
   if fused is not None:
     return fused(params_new, params_old, inputs)
   return (

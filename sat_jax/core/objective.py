@@ -112,16 +112,26 @@ def own_logratio(agent, params, view: batch_lib.AgentView) -> jax.Array:
 
 
 def agent_loss(
-    params, ref_params, agent, cfg, view, adv_E, c_E, beta, kl_penalty=True
+    params,
+    ref_params,
+    agent,
+    cfg,
+    view,
+    adv_E,
+    c_E,
+    beta,
+    kl_penalty=True,
+    reference=None,
 ):
   """-L_j + beta * mean KL (module docstring); returns (loss, metrics).
 
   With `kl_penalty=False` (static) the loss is -L_j alone and `beta` and
-  `ref_params` are not used.
+  `ref_params` are not used. `reference`: the agent's `kl_reference` of
+  ref_params on this view's episodes, if it has one.
   """
   if kl_penalty:
     logp_ExT, kl_ExT = agent_lib.logprobs_and_kl(
-        agent, params, ref_params, view.inputs
+        agent, params, ref_params, view.inputs, reference
     )
   else:
     logp_ExT = agent.token_logprobs(params, view.inputs)
@@ -183,10 +193,20 @@ def update_agent(
   tx = agent_lib.make_optimizer(cfg.optimizer)
   num_e = adv_E.shape[0]
   grad_fn = jax.value_and_grad(agent_loss, has_aux=True)
+  # ref_params stay fixed through the try: their side of the KL once, for
+  # every minibatch step and the monitor (an LM: one body pass, not one
+  # per step).
+  reference = (
+      agent_lib.kl_reference(agent, ref_params, view.inputs)
+      if kl_penalty or monitor
+      else None
+  )
 
   def minibatch_step(carry, idx):
     params, opt_state = carry
-    sub_view, sub_adv, sub_c = _take((view, adv_E, c_E), idx)
+    sub_view, sub_adv, sub_c, sub_ref = _take(
+        (view, adv_E, c_E, reference), idx
+    )
     (_, aux), grads = grad_fn(
         params,
         ref_params,
@@ -197,6 +217,7 @@ def update_agent(
         sub_c,
         beta,
         kl_penalty,
+        sub_ref,
     )
     updates, opt_state = tx.update(grads, opt_state, params)
     updates = jax.tree.map(lambda u: u * step_scale, updates)
@@ -224,7 +245,7 @@ def update_agent(
     return new_params, new_opt_state, metrics, None
   if monitor:
     logp_ExT, kl_ExT = agent_lib.logprobs_and_kl(
-        agent, new_params, ref_params, view.inputs
+        agent, new_params, ref_params, view.inputs, reference
     )
     kl_quantile = masked_quantile(kl_ExT, view.mask_ExT, cfg.quantile)
     metrics |= {

@@ -8,13 +8,17 @@ episode (see `transcript.py`):
       "tokens_ExT": int32 [E, T]: the agent's token stream of each episode
           (context it was shown and the tokens it sampled), right-padded;
       "mask_ExT":   int32 [E, T]: 1 on real tokens, 0 on padding,
+      "positions_ExA": optional int32 [E, A]: the positions of the agent's
+          own tokens (`scoring.action_positions`; 0 in unused slots),
   }
 
 Position t of an output is the *action position* (`sat_jax.scoring`): it
 scores token t given tokens[:t], i.e. the state s_t is the whole prefix.
 The team batch's `AgentView.mask_ExT` selects the agent's own sampled tokens
-among them. Both methods run at the agent's training temperature tau, the
-temperature its rollouts sample at (DESIGN §3):
+among them. With "positions_ExA" the output head runs at those positions only and the
+outputs are 0 elsewhere, which the core never reads (it masks with the
+view's own-token mask). Both methods run at the agent's training
+temperature tau, the temperature its rollouts sample at (DESIGN §3):
 
   token_logprobs:  log softmax(z(tokens[:t]) / tau)[tokens[t]]
   state_kl:        KL(softmax(z_new / tau) || softmax(z_old / tau)) at s_t,
@@ -72,12 +76,35 @@ class LMAgent:
         self.temperature,
         self.chunk_size,
         remat=self.remat,
+        positions_BxA=inputs.get("positions_ExA"),
+    )
+
+  def kl_reference(self, params_old: PyTree, inputs: PyTree) -> jax.Array:
+    """h_old_ExSxD: the old model's hidden states at the scored states.
+
+    What the KL needs of params_old besides its output matrix; the core
+    computes it once per update try instead of once per minibatch step.
+    """
+    return scoring.kl_reference_hidden(
+        self.config,
+        jax.lax.stop_gradient(params_old),
+        inputs["tokens_ExT"],
+        inputs["mask_ExT"],
+        positions_BxA=inputs.get("positions_ExA"),
     )
 
   def logprobs_and_kl(
-      self, params_new: PyTree, params_old: PyTree, inputs: PyTree
+      self,
+      params_new: PyTree,
+      params_old: PyTree,
+      inputs: PyTree,
+      reference: jax.Array | None = None,
   ) -> tuple[jax.Array, jax.Array]:
-    """(token_logprobs, state_kl) with one body pass on params_new."""
+    """(token_logprobs, state_kl) with one body pass on params_new.
+
+    With `reference` (`kl_reference(params_old, inputs)`) no pass on
+    params_old at all.
+    """
     return scoring.token_logprobs_and_state_kl(
         self.config,
         params_new,
@@ -87,6 +114,10 @@ class LMAgent:
         self.temperature,
         self.chunk_size,
         remat=self.remat,
+        positions_BxA=inputs.get("positions_ExA"),
+        reference_hidden=(
+            None if reference is None else jax.lax.stop_gradient(reference)
+        ),
     )
 
   def state_kl(

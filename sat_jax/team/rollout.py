@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from sat_jax import models
+from sat_jax import scoring
 from sat_jax import sharding
 from sat_jax.core import batch as batch_lib
 from sat_jax.tasks import base
@@ -76,11 +77,20 @@ def build_views(
           own_i,
           logp_i,
       )
+    inputs = {"tokens_ExT": tokens, "mask_ExT": valid}
+    # The agent's own tokens, so that scoring runs its output head there
+    # only (most of a relay view is other agents' and the task's text).
+    positions = scoring.action_positions(own)
+    if positions is not None:
+      inputs["positions_ExA"] = jax.device_put(
+          positions, speaker_lib.batch_sharding(positions.shape)
+      )
     where = speaker_lib.batch_sharding((e, t))
     tokens, valid, own, logp = jax.device_put((tokens, valid, own, logp), where)
+    inputs.update(tokens_ExT=tokens, mask_ExT=valid)
     views.append(
         batch_lib.AgentView(
-            inputs={"tokens_ExT": tokens, "mask_ExT": valid},
+            inputs=inputs,
             mask_ExT=own,
             behaviour_logp_ExT=logp,
         )
