@@ -19,9 +19,12 @@ alike:
   + reference   and the old side's hidden states computed once per try.
 
 Workloads: bench-tiny (Qwen3 layout, V = 4096) and the same body with
-Qwen3's vocabulary (V = 151936, "bench-tiny-v151936"), where the head is most of the work. Prints
-a markdown table and the largest parameter difference to the full-view
-update (relative to the largest update).
+Qwen3's vocabulary (V = 151936, "bench-tiny-v151936"), where the head is
+most of the work; and "grpo", the update of bench_team.py's GRPO step
+(bench-tiny, 32 x 80 with 64 completion tokens, one AdamW step, no KL term
+and no monitor, so "+ reference" changes nothing there). Prints a markdown
+table and the largest parameter difference to the full-view update
+relative to the largest parameter change.
 """
 
 import argparse
@@ -49,10 +52,11 @@ from sat_jax.models import transformer  # pylint: disable=g-import-not-at-top
 from sat_jax.team import lm_agent  # pylint: disable=g-import-not-at-top
 
 QWEN3_VOCAB = 151936
-# name -> (preset, vocab, E, T, own tokens per row)
+# name -> (preset, vocab, E, T, own tokens per row, with the KL)
 WORKLOADS = {
-    "bench-tiny": ("qwen3-bench-small", None, 32, 80, 32),
-    "bench-tiny-v151936": ("qwen3-bench-small", QWEN3_VOCAB, 8, 128, 32),
+    "bench-tiny": ("qwen3-bench-small", None, 32, 80, 32, True),
+    "bench-tiny-v151936": ("qwen3-bench-small", QWEN3_VOCAB, 8, 128, 32, True),
+    "grpo": ("qwen3-bench-small", None, 32, 80, 64, False),
 }
 
 
@@ -74,7 +78,7 @@ def _view(config, e, t, own, key):
 
 
 def run(name, ns):
-  preset, vocab, e, t, own = WORKLOADS[name]
+  preset, vocab, e, t, own, with_kl = WORKLOADS[name]
   config = presets.get_preset(preset)
   if vocab:
     config = config.replace(vocab_size=vocab)
@@ -92,10 +96,12 @@ def run(name, ns):
     )
 
   cfg = core_config.UpdateConfig(
-      epochs=ns.epochs,
-      minibatches=ns.minibatches,
+      ratio_mode="seq" if with_kl else "token",
+      epochs=ns.epochs if with_kl else 1,
+      minibatches=ns.minibatches if with_kl else 1,
       optimizer=core_config.OptimizerConfig(learning_rate=1e-4),
   )
+  switches = dict(kl_penalty=with_kl, monitor=with_kl, measure_new=with_kl)
   tx = agent_lib.make_optimizer(cfg.optimizer)
   opt_state = tx.init(params)
   adv_E = jax.random.normal(jax.random.key(2), (e,))
@@ -106,7 +112,7 @@ def run(name, ns):
   }
   calls = {}
   for label, (a, v) in variants.items():
-    fn = jax.jit(functools.partial(objective.update_agent, a, cfg))
+    fn = jax.jit(functools.partial(objective.update_agent, a, cfg, **switches))
     args = (
         params, opt_state, params, jnp.float32(0.1), jnp.float32(1.0),
         jnp.float32(0.05), v, adv_E, jnp.ones(e), jax.random.key(3),
@@ -138,6 +144,7 @@ def run(name, ns):
   base = ms["full view"]
   print(
       f"| {name} | {e} x {t}, own {own} (A = {positions.shape[1]}) |"
+      f" {cfg.epochs} x {cfg.minibatches}{', KL' if with_kl else ''} |"
       + "".join(f" {ms[k]:.0f} |" for k in calls)
       + f" {base / ms['own tokens']:.2f}x | {base / ms['+ reference']:.2f}x |"
       + f" {diff / step:.1e} |",
@@ -154,15 +161,15 @@ def main():
   ns = parser.parse_args()
   host_memory.reuse_freed_pages()
   print(
-      f"update_agent, {ns.epochs} epochs x {ns.minibatches} minibatches,"
-      f" KL penalty + monitor, float32; median ms of {ns.repeats}"
-      " interleaved calls\n"
+      "update_agent, float32 (KL: the beta-weighted KL penalty and the"
+      f" monitor's pass); median ms of {ns.repeats} interleaved calls\n"
   )
   print(
-      "| model | view | full view ms | own tokens ms | + reference ms |"
-      " speedup (own) | speedup (both) | max param diff / max step |"
+      "| model | view | epochs x minibatches | full view ms | own tokens ms |"
+      " + reference ms | speedup (own) | speedup (both) | max param diff /"
+      " max change |"
   )
-  print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+  print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
   for name in ns.workloads.split(","):
     run(name, ns)
 

@@ -390,13 +390,15 @@ def _next_tokens(tokens_BxT: jax.Array) -> jax.Array:
 
 
 def action_positions(
-    selected_BxT: np.ndarray, multiple: int = 16
+    selected_BxT: np.ndarray, capacity: int | None = None, multiple: int = 16
 ) -> np.ndarray | None:
   """positions_BxA of the selected positions of each row, in order (host).
 
-  A is the largest per-row count rounded up to a multiple of `multiple` (so
-  that batches of similar counts share one compiled shape), capped at T;
-  unused slots hold 0. None when A would be T (the full pass is as cheap).
+  A is `capacity` when every row fits in it (a static bound, e.g. the most
+  tokens an agent can say in an episode: one compiled shape for every
+  batch), else the largest per-row count rounded up to a multiple of
+  `multiple` (batches of similar counts share a shape); at most T. Unused
+  slots hold 0. None when A would be T (the full pass is as cheap).
   Position 0 has no state: selecting it raises.
   """
   selected = np.asarray(selected_BxT, bool)
@@ -406,7 +408,10 @@ def action_positions(
     raise ValueError("action_positions: position 0 has no state to score")
   t = selected.shape[1]
   count = int(selected.sum(axis=1).max()) if selected.size else 0
-  a = min(t, max(multiple, -(-count // multiple) * multiple))
+  if capacity is not None and count <= capacity:
+    a = capacity
+  else:
+    a = max(multiple, -(-count // multiple) * multiple)
   if a >= t:
     return None
   # A stable sort puts each row's selected positions first, in order.

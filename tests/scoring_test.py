@@ -556,8 +556,15 @@ def test_action_positions_hand_computed():
       scoring.action_positions(selected, multiple=4)[1, :20], range(5, 25)
   )
   assert scoring.action_positions(selected, multiple=4).shape == (3, 20)
+  # A fixed capacity when every row fits, else the rounded-up count.
+  assert scoring.action_positions(selected, capacity=24).shape == (3, 24)
+  np.testing.assert_array_equal(
+      scoring.action_positions(selected, capacity=24)[1, 19:], [24] + [0] * 4
+  )
+  assert scoring.action_positions(selected, capacity=19).shape == (3, 32)
   # A would reach T: no positions (the full pass costs the same).
   assert scoring.action_positions(selected[:, :30]) is None
+  assert scoring.action_positions(selected, capacity=40) is None
   with pytest.raises(ValueError, match="position 0 has no state"):
     scoring.action_positions(np.eye(3, 40, dtype=bool))
   with pytest.raises(ValueError, match="not .B, T."):

@@ -80,7 +80,10 @@ def build_views(
     inputs = {"tokens_ExT": tokens, "mask_ExT": valid}
     # The agent's own tokens, so that scoring runs its output head there
     # only (most of a relay view is other agents' and the task's text).
-    positions = scoring.action_positions(own)
+    # An agent speaks at most once a round: A stays fixed across batches.
+    positions = scoring.action_positions(
+        own, capacity=cfg.rounds * cfg.max_new_tokens
+    )
     if positions is not None:
       inputs["positions_ExA"] = jax.device_put(
           positions, speaker_lib.batch_sharding(positions.shape)
