@@ -22,12 +22,13 @@ Two levels:
   before it are valid (mask 1); other positions (position 0, padding, the first
   token after left padding) give 0.
 
-The model-level wrappers take optional `positions_BxA`: the action positions
-whose values are wanted (an agent's own tokens), A <= T per row, 0 for an
-unused slot (position 0 never has a state). The body still runs over all T
-tokens, but the unembedding and the softmax over V, the larger part of a
-small model's scoring, run on those A states only; every other position of
-the [B, T] result is 0. `action_positions` builds them from a mask.
+The model-level wrappers take optional `positions_BxA`: the distinct action
+positions whose values are wanted (an agent's own tokens), A <= T per row,
+0 for an unused slot (position 0 never has a state). The body still runs
+over all T tokens, but the unembedding and the softmax over V, the larger
+part of a small model's scoring, run on those A states only; every other
+position of the [B, T] result is 0. `action_positions` builds them from a
+mask.
 """
 
 import functools

@@ -83,7 +83,9 @@ class LMAgent:
     """h_old_ExSxD: the old model's hidden states at the scored states.
 
     What the KL needs of params_old besides its output matrix; the core
-    computes it once per update try instead of once per minibatch step.
+    computes it once per update try instead of once per minibatch step
+    and holds it through the try: E x A x D in the param dtype (A: the
+    own-token positions, else T), sharded over the batch like the view.
     """
     return scoring.kl_reference_hidden(
         self.config,
