@@ -453,10 +453,10 @@ def _to_positions(values_BxA, mask_BxT, positions_BxA):
   """The head's [B, A] (or aligned [B, T]) values as action-position [B, T]."""
   if positions_BxA is None:
     return _to_action_positions(values_BxA, mask_BxT)
+  # Unused slots (position 0) land where the state mask is always 0.
   rows_Bx1 = jnp.arange(mask_BxT.shape[0])[:, None]
-  used_BxA = (positions_BxA > 0).astype(values_BxA.dtype)
   out_BxT = jnp.zeros(mask_BxT.shape, values_BxA.dtype)
-  out_BxT = out_BxT.at[rows_Bx1, positions_BxA].add(values_BxA * used_BxA)
+  out_BxT = out_BxT.at[rows_Bx1, positions_BxA].add(values_BxA)
   return out_BxT * _state_mask(mask_BxT)
 
 
@@ -527,19 +527,6 @@ def token_logprobs_and_entropy(
   )
 
 
-def _hidden_pair(
-    config_new, params_new, config_old, params_old, tokens_BxT, mask_BxT, remat
-):
-  """Final hidden states of both models; only the new side is rematted."""
-  h_new_BxTxD = models.hidden_states(
-      config_new, params_new, tokens_BxT, mask_BxT, remat=remat
-  )
-  h_old_BxTxD = models.hidden_states(
-      config_old, params_old, tokens_BxT, mask_BxT
-  )
-  return h_new_BxTxD, h_old_BxTxD
-
-
 def state_kl(
     config_new: models.ModelConfig,
     params_new: PyTree,
@@ -569,19 +556,20 @@ def state_kl(
     )
   _check_tokens(tokens_BxT, mask_BxT, "state_kl")
   _check_positions(positions_BxA, tokens_BxT, "state_kl")
-  h_new_BxTxD, h_old_BxTxD = _hidden_pair(
-      config_new,
-      params_new,
-      config_old,
-      params_old,
-      tokens_BxT,
-      mask_BxT,
-      remat,
+  # Only the new side is rematted: the old one has no backward pass.
+  h_new_BxTxD = models.hidden_states(
+      config_new, params_new, tokens_BxT, mask_BxT, remat=remat
   )
   kl = kl_from_hidden(
       _at_positions(h_new_BxTxD, tokens_BxT, positions_BxA)[0],
       models.unembed_matrix(config_new, params_new),
-      _at_positions(h_old_BxTxD, tokens_BxT, positions_BxA)[0],
+      kl_reference_hidden(
+          config_old,
+          params_old,
+          tokens_BxT,
+          mask_BxT,
+          positions_BxA=positions_BxA,
+      ),
       models.unembed_matrix(config_old, params_old),
       temperature,
       chunk_size,

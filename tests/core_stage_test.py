@@ -1,5 +1,7 @@
 """The stage loop: compile once, baselines on the same path, early errors."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ from sat_jax.core import stage
 from sat_jax.core import tracing
 from sat_jax.core import trust_region
 from sat_jax.toy import games
+from sat_jax.toy import tabular
 
 STEP_KEYS = {
     "accepted",
@@ -256,3 +259,25 @@ def test_the_last_reuse_step_skips_the_unread_log_ratio(monkeypatch):
   team_all, (record_all,) = _run(game, cfg, stages=1)
   assert all("surrogate_gain" in s for s in record_all.steps)
   assert _equal(team, team_all)
+
+
+def test_agents_are_checked_with_a_named_error():
+  table = tabular.TabularAgent(num_states=2, num_actions=3)
+  agent_lib.check_agents([table])  # a valid agent passes
+
+  class Unhashable:
+    __hash__ = None
+    token_logprobs = state_kl = lambda *a: None
+
+  with pytest.raises(TypeError, match="agent 0 .Unhashable. is not hashable"):
+    agent_lib.check_agents([Unhashable()])
+  with pytest.raises(TypeError, match="agent 1 .object. lacks token_logprobs"):
+    agent_lib.check_agents([table, object()])
+
+  # A reference for the KL is passed to logprobs_and_kl(..., reference=).
+  @dataclasses.dataclass(frozen=True)
+  class ReferenceOnly(tabular.TabularAgent):
+    kl_reference = lambda self, params_old, inputs: params_old
+
+  with pytest.raises(TypeError, match="kl_reference without logprobs_and_kl"):
+    agent_lib.check_agents([ReferenceOnly(num_states=2, num_actions=3)])

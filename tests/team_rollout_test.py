@@ -136,8 +136,13 @@ def test_recomputed_logprobs_equal_behaviour_and_kl_is_zero(toks, protocol):
   cfg = dataclasses.replace(CFG, protocol=protocol)
   fn, batch, params = _rollout(agents, [toks[0]] * 3, cfg)
   _check_consistency(agents, params, batch)
-  # Own tokens are a minority of each view: scored at their positions only.
-  assert all("positions_ExA" in view.inputs for view in batch.views)
+  # Own tokens are a minority of each view: scored at their positions only,
+  # as many slots as an agent can say (one update shape for every batch).
+  for view in batch.views:
+    assert view.inputs["positions_ExA"].shape == (
+        4,
+        cfg.rounds * cfg.max_new_tokens,
+    )
   assert batch.num_groups == 2
   np.testing.assert_array_equal(batch.group_E, [0, 0, 1, 1])
   np.testing.assert_allclose(
@@ -209,6 +214,8 @@ def test_inactive_agents_have_no_positions(toks):
   )
   fn, batch, params = _rollout(agents, [toks[0]] * 3, cfg)
   for k, view in enumerate(batch.views):
+    # One message of at most 8 tokens: 8 slots (a count rounded to 16 not).
+    assert view.inputs["positions_ExA"].shape == (4, 8)
     acted = np.asarray(view.inputs["mask_ExT"]).any(axis=1)
     np.testing.assert_array_equal(acted, [e % 3 == k for e in range(4)])
     assert np.asarray(view.mask_ExT)[~acted].sum() == 0

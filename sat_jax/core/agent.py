@@ -129,6 +129,12 @@ def check_agents(agents: Sequence[Any]) -> None:
       raise TypeError(
           f"agent {i} ({type(agent).__name__}) lacks token_logprobs/state_kl"
       )
+    has_reference = getattr(agent, "kl_reference", None) is not None
+    if has_reference and getattr(agent, "logprobs_and_kl", None) is None:
+      raise TypeError(
+          f"agent {i} ({type(agent).__name__}) offers kl_reference without"
+          " logprobs_and_kl(..., reference=), which the core passes it to"
+      )
     try:
       hash(agent)
     except TypeError as e:

@@ -15,9 +15,9 @@ episode (see `transcript.py`):
 Position t of an output is the *action position* (`sat_jax.scoring`): it
 scores token t given tokens[:t], i.e. the state s_t is the whole prefix.
 The team batch's `AgentView.mask_ExT` selects the agent's own sampled tokens
-among them. With "positions_ExA" the output head runs at those positions only and the
-outputs are 0 elsewhere, which the core never reads (it masks with the
-view's own-token mask). Both methods run at the agent's training
+among them. With "positions_ExA" the output head runs at those positions
+only and the outputs are 0 elsewhere, which the core never reads (it masks
+with the view's own-token mask). Both methods run at the agent's training
 temperature tau, the temperature its rollouts sample at (DESIGN §3):
 
   token_logprobs:  log softmax(z(tokens[:t]) / tau)[tokens[t]]

@@ -77,20 +77,19 @@ def build_views(
           own_i,
           logp_i,
       )
-    inputs = {"tokens_ExT": tokens, "mask_ExT": valid}
     # The agent's own tokens, so that scoring runs its output head there
     # only (most of a relay view is other agents' and the task's text).
     # An agent speaks at most once a round: A stays fixed across batches.
     positions = scoring.action_positions(
         own, capacity=cfg.rounds * cfg.max_new_tokens
     )
+    where = speaker_lib.batch_sharding((e, t))
+    tokens, valid, own, logp = jax.device_put((tokens, valid, own, logp), where)
+    inputs = {"tokens_ExT": tokens, "mask_ExT": valid}
     if positions is not None:
       inputs["positions_ExA"] = jax.device_put(
           positions, speaker_lib.batch_sharding(positions.shape)
       )
-    where = speaker_lib.batch_sharding((e, t))
-    tokens, valid, own, logp = jax.device_put((tokens, valid, own, logp), where)
-    inputs.update(tokens_ExT=tokens, mask_ExT=valid)
     views.append(
         batch_lib.AgentView(
             inputs=inputs,
