@@ -40,7 +40,7 @@ class SamplingOptions:
   temperature 0 is greedy decoding (its log-probs are those of the plain
   model distribution, temperature 1 and no filtering, since the degenerate
   greedy distribution would give 0). top_k = 0 and top_p = 1 switch those
-  filters off. `cache_dtype` None uses the params' dtype. Models with at
+  filters off. `cache_dtype` None uses `default_cache_dtype`. Models with at
   most `unroll_layers_up_to` layers run with an unrolled layer loop over
   per-layer fused weights and per-layer cache buffers (faster steps, L
   copies of a layer to compile, one copy of the layer weights per call);
@@ -274,12 +274,39 @@ def _is_stop(token_B: jax.Array, options: SamplingOptions) -> jax.Array:
   return jnp.any(token_B[:, None] == stops[None, :], axis=-1)
 
 
+def default_cache_dtype(param_dtype: Any, backend: str | None = None):
+  """The KV cache's dtype when the options leave it open.
+
+  The params' dtype, except on CPU, where 16-bit float params get a float32
+  cache: XLA's CPU backend computes 16-bit float ops in float32, which
+  turns a bfloat16 cache's one-slot write into a conversion of the whole
+  layer buffer to float32 and back on every decode step. A float32 cache
+  holding the same bfloat16 keys and values is written in place and read
+  as stored (the attention widens the one new query instead and rounds its
+  softmax weights to bfloat16, as the bfloat16 pass does), so the sampler's
+  log-probs stay as close to the teacher-forced bfloat16 pass as before;
+  sums may run in another order. Twice the cache memory; bfloat16 sampling
+  on CPU 1.2-1.5x faster (BENCHMARKS.md, Foundation).
+  """
+  dtype = jnp.dtype(param_dtype)
+  backend = backend or jax.default_backend()
+  if (
+      backend == "cpu"
+      and dtype.itemsize < 4
+      and jnp.issubdtype(dtype, jnp.floating)
+  ):
+    return jnp.dtype(jnp.float32)
+  return dtype
+
+
 def _generate(config, options, params, tokens_BxP, mask_BxP, key):
   """Prefill, then decode until N tokens or every row is done (jitted)."""
   _TRACES[0] += 1
   b, p = tokens_BxP.shape
   n = options.max_new_tokens
-  cache_dtype = options.cache_dtype or params["embed"].dtype
+  cache_dtype = options.cache_dtype or default_cache_dtype(
+      params["embed"].dtype
+  )
   cache = transformer.init_cache(config, b, p + n, cache_dtype)
   if config.num_layers <= options.unroll_layers_up_to:
     # Unrolled: per-layer fused weights and per-layer cache buffers, each

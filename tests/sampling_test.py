@@ -159,6 +159,48 @@ def test_cached_and_uncached_sampling_agree_with_filters():
   assert np.all(out.logprobs_BxN < 0) and np.all(np.isfinite(out.logprobs_BxN))
 
 
+def test_default_cache_dtype():
+  f32, bf16, f16 = jnp.dtype(jnp.float32), jnp.bfloat16, jnp.float16
+  assert sampling.default_cache_dtype(bf16, "cpu") == f32
+  assert sampling.default_cache_dtype(f16, "cpu") == f32
+  assert sampling.default_cache_dtype(f32, "cpu") == f32
+  assert sampling.default_cache_dtype(bf16, "gpu") == jnp.dtype(bf16)
+  assert sampling.default_cache_dtype(bf16, "tpu") == jnp.dtype(bf16)
+
+
+def test_a_float32_cache_of_bfloat16_params_samples_as_a_bfloat16_cache():
+  # The float32 cache (the CPU default for 16-bit params) stores the same
+  # bfloat16 keys and values; the attention widens the query and rounds
+  # its softmax weights to bfloat16 as the bfloat16 path does. On this
+  # tiny model the two agree bit for bit (larger contractions may sum in
+  # another order); without the rounding they would not.
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _params())
+  tokens, mask = _prompt_batch()
+  out = {}
+  for dtype in ("bfloat16", "float32"):
+    options = dataclasses.replace(_BASE, cache_dtype=dtype)
+    out[dtype] = sampling.sample(
+        _CONFIG, params, tokens, mask, options, jax.random.key(1)
+    )
+  np.testing.assert_array_equal(
+      out["float32"].tokens_BxN, out["bfloat16"].tokens_BxN
+  )
+  np.testing.assert_allclose(
+      out["float32"].logprobs_BxN, out["bfloat16"].logprobs_BxN, atol=1e-6
+  )
+  # Both within bfloat16 rounding of the teacher-forced bfloat16 pass.
+  full = np.concatenate([tokens, out["float32"].tokens_BxN], 1)
+  full_mask = np.concatenate([mask, out["float32"].mask_BxN], 1)
+  logits = _forward(_CONFIG, params, full, full_mask)[
+      :, tokens.shape[1] - 1 : -1
+  ]
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+  ref = np.take_along_axis(logp, out["float32"].tokens_BxN[..., None], -1)
+  np.testing.assert_allclose(
+      out["float32"].logprobs_BxN, ref[..., 0], atol=5e-3
+  )
+
+
 def test_a_row_that_hits_a_stop_token_stops_and_is_padded():
   tokens, mask = _prompt_batch()
   greedy = dataclasses.replace(_BASE, temperature=0.0)

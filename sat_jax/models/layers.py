@@ -11,6 +11,7 @@ is float32.
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,7 @@ def attention(
     kt_BxKxHdxS: jax.Array,
     v_BxKxSxHd: jax.Array,
     allowed_BxTxS: jax.Array,
+    probs_dtype: Any = None,
 ) -> jax.Array:
   """softmax(q k^T / sqrt(Hd) + mask) v with K kv heads shared by G queries.
 
@@ -120,7 +122,9 @@ def attention(
   padding, right padding and the KV cache one code path. Plain einsums
   rather than `jax.nn.dot_product_attention`: the masks here are arbitrary
   [B, T, S] patterns, and on CPU (where this runs most) the XLA path is what
-  that function would use anyway. Returns [B, T, H, Hd].
+  that function would use anyway. The softmax weights are rounded to
+  `probs_dtype` (default: the values' dtype) before the value product.
+  Returns [B, T, H, Hd].
   """
   b, t, h, hd = q_BxTxHxHd.shape
   k = kt_BxKxHdxS.shape[1]
@@ -138,7 +142,9 @@ def attention(
   ) * (hd**-0.5)
   allowed_BxQxS = jnp.tile(allowed_BxTxS, (1, g, 1))
   scores_BxKxQxS = jnp.where(allowed_BxQxS[:, None], scores_BxKxQxS, _MASKED)
-  probs = jax.nn.softmax(scores_BxKxQxS, axis=-1).astype(v_BxKxSxHd.dtype)
+  probs = jax.nn.softmax(scores_BxKxQxS, axis=-1).astype(
+      probs_dtype or v_BxKxSxHd.dtype
+  )
   out = jnp.einsum(
       "bkqs,bksd->bkqd", probs, v_BxKxSxHd, preferred_element_type=jnp.float32
   )
