@@ -168,6 +168,26 @@ def test_default_cache_dtype():
   assert sampling.default_cache_dtype(bf16, "tpu") == jnp.dtype(bf16)
 
 
+def test_the_sampler_uses_the_default_cache_dtype(monkeypatch):
+  made = []
+  init_cache = models.transformer.init_cache
+
+  def recording_init_cache(config, batch, num_slots, dtype):
+    made.append(jnp.dtype(dtype))
+    return init_cache(config, batch, num_slots, dtype)
+
+  monkeypatch.setattr(models.transformer, "init_cache", recording_init_cache)
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _params())
+  tokens, mask = _prompt_batch()
+  # A max_new_tokens of its own, so that this call traces afresh.
+  for cache_dtype in (None, "bfloat16"):
+    options = dataclasses.replace(
+        _BASE, max_new_tokens=3, cache_dtype=cache_dtype
+    )
+    sampling.sample(_CONFIG, params, tokens, mask, options, jax.random.key(0))
+  assert made == [jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)]
+
+
 def test_a_float32_cache_of_bfloat16_params_samples_as_a_bfloat16_cache():
   # The float32 cache (the CPU default for 16-bit params) stores the same
   # bfloat16 keys and values; the attention widens the query and rounds

@@ -355,24 +355,19 @@ def hidden_states_cached(
     return kt_cache, v_cache
 
   def attend(x, lp, q, kt_layer, v_layer):
-    if kt_layer.dtype.itemsize > q.dtype.itemsize:
-      # A cache wider than the activations (a float32 cache of bfloat16
-      # keys and values: `sampling.default_cache_dtype`) is read as
-      # stored, since casting it down would convert the whole cache every
-      # step; the new queries are widened instead (exactly), and the
-      # softmax weights are rounded to the activations' dtype as in the
-      # uncached pass.
-      attn = layers.attention(
-          q.astype(kt_layer.dtype),
-          kt_layer,
-          v_layer,
-          allowed_BxTxS,
-          probs_dtype=q.dtype,
-      ).astype(q.dtype)
-    else:
-      attn = layers.attention(
-          q, kt_layer.astype(q.dtype), v_layer.astype(q.dtype), allowed_BxTxS
-      )
+    # In the wider of the two dtypes: a float32 cache of bfloat16 keys and
+    # values (`sampling.default_cache_dtype`) is read as stored, since
+    # casting it down would convert the whole cache every step; the new
+    # queries are widened instead (exactly). The softmax weights are
+    # rounded to the activations' dtype as in the uncached pass.
+    wide = jnp.promote_types(q.dtype, kt_layer.dtype)
+    attn = layers.attention(
+        q.astype(wide),
+        kt_layer.astype(wide),
+        v_layer.astype(wide),
+        allowed_BxTxS,
+        probs_dtype=q.dtype,
+    ).astype(q.dtype)
     return layers.attn_out_and_mlp(config, lp, x, attn)
 
   x = _embed(params, tokens_BxT)
