@@ -140,4 +140,10 @@ def test_reused_pages_cut_the_gradient_page_faults():
   # About 94,000 faults per call with glibc's defaults, mostly none reused
   # (measured on the 2-core development machine).
   assert system > 20_000, system
+  if reuse >= 0.25 * system:
+    # One process in a full CI-like run (2026-12-04) kept faulting (75,789
+    # per call) where every other one, before and since, gave 0; cause not
+    # found. A second process tells that apart from a setting without
+    # effect, which faults as much in every process.
+    reuse = min(reuse, _faults_per_call("reuse")[1])
   assert reuse < 0.25 * system, (reuse, system)
