@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import shlex
 import subprocess
 import sys
@@ -40,6 +39,7 @@ sys.path.insert(0, str(_REPO))
 
 from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
 from sat_jax import io_utils  # pylint: disable=g-import-not-at-top
+import host_info  # pylint: disable=g-import-not-at-top
 
 # The two shapes; rope_theta 1e6 because tunix 0.1.7 hard-codes it.
 BENCH_CONFIGS = {
@@ -500,7 +500,7 @@ def run_all(ns, command: str) -> dict:
   results = {
       "command": command,
       "date": time.strftime("%Y-%m-%d %H:%M"),
-      "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+      "machine": host_info.describe(),
       "workload": WORKLOAD,
       "load_avg_start": os.getloadavg()[0],
       "runs": {},

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import shlex
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ sys.path.insert(0, str(_REPO))
 sys.path.insert(0, str(_HERE))
 
 from sat_jax import io_utils  # pylint: disable=g-import-not-at-top,wrong-import-position
+import host_info  # pylint: disable=g-import-not-at-top,wrong-import-position
 import team_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PARTS = ("grpo", "demo", "scaling")
@@ -94,6 +94,9 @@ def run_grpo(ns) -> dict:
   if "error" in assets:
     raise SystemExit(f"could not build the bench model: {assets['error']}")
   common = dict(ckpt=assets["ckpt"], steps=ns.grpo_steps, cpus=ns.cpus)
+  # The matmul's FLOP/s before and after the rounds says how fast the host
+  # ran: its hardware changes between sessions, and the ratio with it.
+  roofline = [_worker(ns, "roofline", {"cpus": ns.cpus}, 600)]
   rounds = []
   for r in range(ns.rounds):
     sides = {
@@ -113,7 +116,8 @@ def run_grpo(ns) -> dict:
     rounds.append(
         {side: _worker(ns, *sides[side], ns.timeout) for side in order}
     )
-  return {"assets": assets, "rounds": rounds}
+  roofline.append(_worker(ns, "roofline", {"cpus": ns.cpus}, 600))
+  return {"assets": assets, "rounds": rounds, "roofline": roofline}
 
 
 def run_demo(ns) -> dict:
@@ -267,7 +271,7 @@ def main():
       meta = {
           "command": command,
           "date": time.strftime("%Y-%m-%d %H:%M"),
-          "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+          "machine": host_info.describe(),
           "load_avg_start": os.getloadavg()[0],
       }
       results[part] = runners[part](ns)

@@ -350,8 +350,11 @@ def _time_lean(agent, cfg, params, batch, args) -> dict[str, Any]:
   kl = jax.jit(agent.state_kl)
   calls = {
       "lean_update": lambda: lean(params, opt_state, view, adv.adv_E),
-      # As the GRPO step runs it (beta 0, delta inf) and with SAT's monitor.
-      "core_update_agent": lambda: core(kl_penalty=False, monitor=False),
+      # As the GRPO step runs it (beta 0, delta inf, no certificate: no
+      # pass over the new params) and with SAT's monitor.
+      "core_update_agent": lambda: core(
+          kl_penalty=False, monitor=False, measure_new=False
+      ),
       "core_update_agent_monitored": lambda: core(
           kl_penalty=False, monitor=True
       ),

@@ -83,6 +83,16 @@ def _joined(rows: list[dict[str, Any]], key: str, spec: str = ".2f") -> str:
 def grpo_md(g: dict[str, Any]) -> list[str]:
   lines = ["### GRPO step: sat_jax `single` vs TRL `GRPOTrainer`", ""]
   lines += _meta(g)
+  roofline = [r.get("flop_per_s") for r in g.get("roofline", [])]
+  if roofline:
+    gflops = " / ".join(_f(x and x / 1e9, ".0f") for x in roofline)
+    lines += [
+        (
+            "Roofline (jitted 2048x2048 float32 matmul, median, before / after"
+            f" the rounds): {gflops} GFLOP/s."
+        ),
+        "",
+    ]
   med = g.get("pooled_median_s", {})
   rounds = g.get("rounds", [])
   trl = [r["trl"] for r in rounds]

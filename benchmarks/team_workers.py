@@ -4,10 +4,11 @@
 
 KIND: `assets` (write bench-tiny weights + tokenizer), `sat_grpo` / `trl_grpo`
 (team_grpo.py), `stages` (team_stages.py: the demo breakdown and the
-scaling in n). The process is pinned to `args["cpus"]` CPUs (if given)
-before JAX or torch start, so that both sides get the same cores and XLA
-sizes its thread pool to them; a fresh process per side keeps torch's
-spinning OpenMP threads away from XLA's.
+scaling in n), `roofline` (foundation_workers.py's jitted 2048x2048 float32
+matmul). The process is pinned to `args["cpus"]` CPUs (if given) before
+JAX or torch start, so that both sides get the same cores and XLA sizes
+its thread pool to them; a fresh process per side keeps torch's spinning
+OpenMP threads away from XLA's.
 """
 
 import argparse
@@ -48,6 +49,12 @@ def _trl_grpo(args):
   return team_grpo.trl_grpo(args)
 
 
+def _roofline(args):
+  import foundation_workers  # pylint: disable=g-import-not-at-top
+
+  return foundation_workers.roofline(args)
+
+
 def _stages(args):
   import team_stages  # pylint: disable=g-import-not-at-top
 
@@ -59,6 +66,7 @@ _KINDS = {
     "sat_grpo": _sat_grpo,
     "trl_grpo": _trl_grpo,
     "stages": _stages,
+    "roofline": _roofline,
 }
 
 
