@@ -19,10 +19,15 @@ difference, the medians of both (compiled in one process, called
 alternately) and their ratio.
 
 The model is written here, standalone (plain autodiff, no hand-written
-SwiGLU backward, no chunked head), so expect less on
-`objective.update_agent`: in its profile (BENCHMARKS.md) these forward
-projections are about a fifth of the update's op time, i.e. about 1.2x if
-all of it went.
+SwiGLU backward, no chunked head), so expect less on the library's update.
+The second measurement is on the library itself: `objective.update_agent`
+as the GRPO step runs it (bench_update.py's "grpo" workload: 32 x 80, one
+AdamW step, no KL), compiled twice in one process, once as it is and once
+with the forward projections made free (`layers.dot` and the SwiGLU
+block's forward swapped, at trace time, for versions whose forward
+returns a cheap stand-in of the right shape and whose backward is the true
+one). The stand-in's values are meaningless; only the time counts: it is
+the most the update could gain from outputs supplied by the rollout.
 """
 
 import argparse
@@ -35,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
 
@@ -130,6 +136,92 @@ def _given_bwd(res, g):
 given_matmul.defvjp(_given_fwd, _given_bwd)
 
 
+def library_update_times(repeats: int) -> dict[str, float]:
+  """Median ms of update_agent as is and with its forward projections free."""
+  import functools  # pylint: disable=g-import-not-at-top
+
+  import bench_update  # pylint: disable=g-import-not-at-top
+
+  from sat_jax.core import agent as agent_lib  # pylint: disable=g-import-not-at-top
+  from sat_jax.core import batch as batch_lib  # pylint: disable=g-import-not-at-top
+  from sat_jax.core import config as core_config  # pylint: disable=g-import-not-at-top
+  from sat_jax.core import objective  # pylint: disable=g-import-not-at-top
+  from sat_jax.models import layers  # pylint: disable=g-import-not-at-top
+  from sat_jax.models import presets  # pylint: disable=g-import-not-at-top
+  from sat_jax.models import transformer  # pylint: disable=g-import-not-at-top
+  from sat_jax.team import lm_agent  # pylint: disable=g-import-not-at-top
+
+  config = presets.get_preset("qwen3-bench-small")
+  params = transformer.init_params(config, jax.random.key(0))
+  inputs, own_ExT, positions = bench_update._view(  # pylint: disable=protected-access
+      config, 32, 80, 64, jax.random.key(1)
+  )
+  agent = lm_agent.LMAgent(config, 1.0)
+  view = batch_lib.AgentView(
+      inputs=dict(inputs, positions_ExA=jnp.asarray(positions)),
+      mask_ExT=jnp.asarray(own_ExT),
+      behaviour_logp_ExT=jax.jit(agent.token_logprobs)(params, inputs),
+  )
+  cfg = core_config.UpdateConfig(
+      ratio_mode="token",
+      epochs=1,
+      minibatches=1,
+      optimizer=core_config.OptimizerConfig(learning_rate=1e-4),
+  )
+  opt_state = agent_lib.make_optimizer(cfg.optimizer).init(params)
+  args = (
+      params, opt_state, params, jnp.float32(0.0), jnp.float32(1.0),
+      jnp.float32(jnp.inf), view, jax.random.normal(jax.random.key(2), (32,)),
+      jnp.ones(32), jax.random.key(3),
+  )  # fmt: skip
+
+  def stand_in(spec, x, w, dtype):
+    shape = jax.eval_shape(lambda a, b: jnp.einsum(spec, a, b), x, w).shape
+    s = jnp.mean(x.astype(jnp.float32)) + jnp.mean(w.astype(jnp.float32))
+    return jnp.broadcast_to(s, shape).astype(dtype)
+
+  real_dot, real_swiglu_forward = layers.dot, layers._swiglu_forward  # pylint: disable=protected-access
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+  def free_dot(spec, x, w):
+    return stand_in(spec, x, w, x.dtype)
+
+  def free_dot_bwd(spec, res, g):
+    return jax.vjp(lambda a, b: real_dot(spec, a, b), *res)[1](g)
+
+  free_dot.defvjp(
+      lambda spec, x, w: (free_dot(spec, x, w), (x, w)), free_dot_bwd
+  )
+
+  def free_swiglu_forward(x, scale, w_gate, w_up, w_down, eps):
+    h = layers.rms_norm(x, scale, eps)
+    gate = stand_in("btd,df->btf", h, w_gate, jnp.float32)
+    up = stand_in("btd,df->btf", h, w_up, jnp.float32)
+    return layers._swiglu_out(x, gate, up, w_down), (gate, up)  # pylint: disable=protected-access
+
+  def compiled():
+    fn = jax.jit(
+        lambda *a: objective.update_agent.__wrapped__(
+            agent, cfg, *a, kl_penalty=False, monitor=False, measure_new=False
+        )
+    )
+    return fn.lower(*args).compile()
+
+  calls = {"as is": compiled()}
+  layers.dot, layers._swiglu_forward = free_dot, free_swiglu_forward  # pylint: disable=protected-access
+  try:
+    calls["forward projections free"] = compiled()
+  finally:
+    layers.dot, layers._swiglu_forward = real_dot, real_swiglu_forward  # pylint: disable=protected-access
+  times = {k: [] for k in calls}
+  for _ in range(repeats):
+    for name, fn in calls.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[name].append(time.perf_counter() - start)
+  return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--repeats", type=int, default=11)
@@ -171,6 +263,13 @@ def main():
       f" {ms['autodiff'] / ms['outputs given']:.2f}x; largest gradient"
       f" difference {diff:.1e} (largest entry {scale:.1e}); outputs kept"
       f" {mib:.0f} MiB"
+  )
+  lib = library_update_times(ns.repeats)
+  print(
+      "objective.update_agent, GRPO step (32 x 80, one AdamW step): as is"
+      f" {lib['as is']:.1f} ms, forward projections free"
+      f" {lib['forward projections free']:.1f} ms,"
+      f" {lib['as is'] / lib['forward projections free']:.2f}x"
   )
 
 
