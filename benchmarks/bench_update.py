@@ -77,6 +77,20 @@ def _view(config, e, t, own, key):
   return inputs, own_ExT, positions
 
 
+def interleaved_median_ms(calls, repeats: int) -> dict[str, float]:
+  """Median ms of each `calls[k]()` (blocked on), called in turn `repeats` x.
+
+  Alternating the calls lets machine load move them alike.
+  """
+  times = {k: [] for k in calls}
+  for _ in range(repeats):
+    for k, f in calls.items():
+      start = time.perf_counter()
+      jax.block_until_ready(f())
+      times[k].append(time.perf_counter() - start)
+  return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
 def run(name, ns):
   preset, vocab, e, t, own, with_kl = WORKLOADS[name]
   config = presets.get_preset(preset)
@@ -134,13 +148,7 @@ def run(name, ns):
       )
       for k in calls
   )
-  times = {k: [] for k in calls}
-  for _ in range(ns.repeats):
-    for k, f in calls.items():
-      start = time.perf_counter()
-      jax.block_until_ready(f())
-      times[k].append(time.perf_counter() - start)
-  ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+  ms = interleaved_median_ms(calls, ns.repeats)
   base = ms["full view"]
   print(
       f"| {name} | {e} x {t}, own {own} (A = {positions.shape[1]}) |"

@@ -26,7 +26,7 @@ def cpu_fields(text: str) -> dict[str, str]:
       continue
     key, sep, value = line.partition(":")
     if sep:
-      fields.setdefault(key.strip(), value.strip())
+      fields[key.strip()] = value.strip()
   return fields
 
 

@@ -32,9 +32,7 @@ the most the update could gain from outputs supplied by the rollout.
 
 import argparse
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +41,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
+import bench_update  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 L, D, H, K, HD, F, V = 4, 256, 8, 4, 32, 768, 4096
 B, T, A = 32, 80, 64
@@ -140,8 +139,6 @@ def library_update_times(repeats: int) -> dict[str, float]:
   """Median ms of update_agent as is and with its forward projections free."""
   import functools  # pylint: disable=g-import-not-at-top
 
-  import bench_update  # pylint: disable=g-import-not-at-top
-
   from sat_jax.core import agent as agent_lib  # pylint: disable=g-import-not-at-top
   from sat_jax.core import batch as batch_lib  # pylint: disable=g-import-not-at-top
   from sat_jax.core import config as core_config  # pylint: disable=g-import-not-at-top
@@ -207,19 +204,14 @@ def library_update_times(repeats: int) -> dict[str, float]:
     )
     return fn.lower(*args).compile()
 
-  calls = {"as is": compiled()}
+  executables = {"as is": compiled()}
   layers.dot, layers._swiglu_forward = free_dot, free_swiglu_forward  # pylint: disable=protected-access
   try:
-    calls["forward projections free"] = compiled()
+    executables["forward projections free"] = compiled()
   finally:
     layers.dot, layers._swiglu_forward = real_dot, real_swiglu_forward  # pylint: disable=protected-access
-  times = {k: [] for k in calls}
-  for _ in range(repeats):
-    for name, fn in calls.items():
-      start = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      times[name].append(time.perf_counter() - start)
-  return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+  calls = {k: functools.partial(c, *args) for k, c in executables.items()}
+  return bench_update.interleaved_median_ms(calls, repeats)
 
 
 def main():
@@ -249,13 +241,7 @@ def main():
       "autodiff": lambda: grad_plain(params),
       "outputs given": lambda: grad_given(params, given),
   }
-  times = {k: [] for k in calls}
-  for _ in range(ns.repeats):
-    for name, fn in calls.items():
-      start = time.perf_counter()
-      jax.block_until_ready(fn())
-      times[name].append(time.perf_counter() - start)
-  ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+  ms = bench_update.interleaved_median_ms(calls, ns.repeats)
   mib = sum(y.size * y.dtype.itemsize for y in given) / 2**20
   print(
       f"gradient, {B} x {T} (loss at {A}): autodiff {ms['autodiff']:.1f} ms,"
