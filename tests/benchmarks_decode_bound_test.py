@@ -1,0 +1,55 @@
+"""benchmarks/decode_bound.py: the decode-step bound's FLOPs, chain and formula."""
+
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+sys.path.insert(
+    0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks")
+)
+
+import decode_bound  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# D 4, F 6, V 10, 2 layers, 2 heads, 1 kv head, head_dim 2.
+_HF = dict(vocab_size=10, hidden_size=4, num_hidden_layers=2,
+           num_attention_heads=2, num_key_value_heads=1, head_dim=2,
+           intermediate_size=6)  # fmt: skip
+
+
+def test_chain_flops_by_hand():
+  # Per layer: q 4x4 + k, v 4x2 each + o 4x4 + gate/up/down 3 x 4x6 = 120
+  # weights; 2 layers = 240. 3 rows: 2 x 240 x 3 + head 2 x 4 x 10 x 3.
+  assert decode_bound.chain_flops(_HF, rows=3) == 1440 + 240
+
+
+def test_chain_weights_match_the_flop_count():
+  w = decode_bound.chain_weights(_HF, jax.random.PRNGKey(0))
+  assert w["qkv_LxDxQ"].shape == (2, 4, 4 + 2 * 2)
+  assert w["embed_VxD"].shape == (10, 4)
+  elements = sum(a.size for a in w.values())
+  assert decode_bound.chain_flops(_HF, rows=5) == 2 * 5 * elements
+
+
+def test_chain_step_same_in_jax_and_torch():
+  torch = pytest.importorskip("torch")
+  w = decode_bound.chain_weights(_HF, jax.random.PRNGKey(1))
+  w = {k: 10.0 * v for k, v in w.items()}  # away from the identity map
+  x = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (3, 4)))
+  got_jax = decode_bound.chain_step(
+      w, x, jax.nn.silu, decode_bound._jax_rms_norm  # pylint: disable=protected-access
+  )
+  run_torch = decode_bound._torch_chain(w, x, steps=1, threads=1)  # pylint: disable=protected-access
+  got_torch = run_torch().numpy()
+  np.testing.assert_allclose(
+      np.asarray(got_jax), got_torch, rtol=1e-5, atol=1e-6
+  )
+  assert not np.allclose(got_torch, x, atol=1e-2)
+
+
+def test_sampler_bound_by_hand():
+  # 32 rows x 64 tokens over a 0.5 s prefill and 63 steps of 20 ms.
+  got = decode_bound.sampler_bound(0.5, 0.02, rows=32, new_tokens=64)
+  assert got == pytest.approx(2048 / 1.76)
