@@ -3,16 +3,16 @@
     .venv/bin/python benchmarks/decode_bound.py [--config bench-small]
         [--transformers_tok_s 417]
 
-One process, everything timed interleaved (one call of each per round,
-medians): the host's DRAM read bandwidth (a jitted sum over 256 MiB) and the
-matmul roofline (jitted 2048x2048 float32 matmul); the decode step's matmul
-chain alone, 32 rows through every layer's fused q/k/v, o, fused gate/up and
+One process, timed interleaved (one call of each per round, medians):
+the host's DRAM read bandwidth (a jitted sum over 256 MiB); the decode
+step's matmul chain alone, 32 rows through every layer's fused q/k/v, o, fused gate/up and
 down projections with the residual adds, SwiGLU and an RMSNorm between them,
 then the tied output head, with each layer's own weights (so they stream
 from memory as in the sampler) and no attention, RoPE, KV cache or draw, as
 a jitted `fori_loop` (XLA) and eagerly in PyTorch (2 threads); and
 `sampling.sample` itself with 1 and with 64 new tokens (the first is the
-prefill and one draw, their difference / 63 one decode step).
+prefill and one draw, their difference / 63 one decode step). Then the
+foundation benchmark's matmul roofline (jitted 2048x2048 float32 matmul).
 
 From these: the sampler's call time if its 63 decode steps cost no more
 than the bare XLA chain, and, given transformers' rate from
@@ -38,6 +38,7 @@ import bench_foundation  # pylint: disable=g-import-not-at-top
 from bench_foundation import BENCH_CONFIGS  # pylint: disable=g-import-not-at-top
 from bench_foundation import model_flops  # pylint: disable=g-import-not-at-top
 from bench_foundation import WORKLOAD  # pylint: disable=g-import-not-at-top
+from foundation_workers import roofline  # pylint: disable=g-import-not-at-top
 from foundation_workers import timed_interleaved  # pylint: disable=g-import-not-at-top
 import host_info  # pylint: disable=g-import-not-at-top
 from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
@@ -138,12 +139,14 @@ def layout_rates(w: dict, rows: int, steps: int, repeats: int) -> dict:
     copies, k, n = w_RxKxN.shape
     w_RxNxK = jnp.swapaxes(w_RxKxN, 1, 2).copy()
     x_BxK = jax.random.normal(jax.random.PRNGKey(0), (rows, k))
+    # Each layout's product and the weights stored for it.
     products = {
-        "x W [K,N]": lambda w, x: x @ w,
-        "x W^T [N,K]": lambda w, x: jax.lax.dot_general(
-            x, w, (((1,), (1,)), ((), ()))
+        "x W [K,N]": (lambda w, x: x @ w, w_RxKxN),
+        "x W^T [N,K]": (
+            lambda w, x: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ()))),
+            w_RxNxK,
         ),
-        "(W x^T)^T [N,K]": lambda w, x: (w @ x.T).T,
+        "(W x^T)^T [N,K]": (lambda w, x: (w @ x.T).T, w_RxNxK),
     }
 
     def loop(product):
@@ -157,11 +160,10 @@ def layout_rates(w: dict, rows: int, steps: int, repeats: int) -> dict:
       # Arguments, not closed-over constants: XLA would fold those in.
       return jax.jit(run)
 
-    fns = []
-    for layout, product in products.items():
-      w_stack = w_RxKxN if layout.startswith("x W [") else w_RxNxK
-      f = loop(product)
-      fns.append(lambda f=f, w=w_stack: f(w, x_BxK).block_until_ready())
+    fns = [
+        lambda f=loop(product), w=w_stack: f(w, x_BxK).block_until_ready()
+        for product, w_stack in products.values()
+    ]
     times = timed_interleaved(fns, repeats)
     flops = 2 * rows * k * n * steps
     rates[f"{name} [{rows},{k}]x[{k},{n}]"] = {
@@ -197,8 +199,6 @@ def main():
 
   big = jnp.ones((64 * 2**20,), jnp.float32)
   dram_sum = jax.jit(jnp.sum)
-  mat = jax.random.normal(key, (2048, 2048), jnp.float32)
-  matmul = jax.jit(jnp.dot)
 
   w = chain_weights(hf, key)
   x0 = jax.random.normal(key, (rows, hf["hidden_size"]), jnp.float32)
@@ -226,11 +226,10 @@ def main():
         sampling.sample(config, params, prompts, mask, options, key)
     )
 
-  names = ("dram_sum", "roofline", "xla_chain", "torch_chain", "sample_1",
+  names = ("dram_sum", "xla_chain", "torch_chain", "sample_1",
            f"sample_{new_tokens}")  # fmt: skip
   fns = (
       lambda: dram_sum(big).block_until_ready(),
-      lambda: matmul(mat, mat).block_until_ready(),
       lambda: xla_chain(w, x0).block_until_ready(),
       torch_chain,
       sample(1),
@@ -252,7 +251,7 @@ def main():
       "machine": host_info.describe(),
       "config": ns.config,
       "dram_read_gb_s": big.nbytes / t["dram_sum"] / 1e9,
-      "roofline_gflop_s": 2 * 2048**3 / t["roofline"] / 1e9,
+      "roofline_gflop_s": roofline({"repeats": ns.repeats})["flop_per_s"] / 1e9,
       "chain_weights_mb": weight_bytes / 1e6,
       "chain_gflop_per_step": flops / 1e9,
       "weights_streaming_floor_ms": (
