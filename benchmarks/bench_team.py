@@ -39,7 +39,9 @@ sys.path.insert(0, str(_REPO))
 sys.path.insert(0, str(_HERE))
 
 from sat_jax import io_utils  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench_foundation import model_flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 import host_info  # pylint: disable=g-import-not-at-top,wrong-import-position
+import team_grpo  # pylint: disable=g-import-not-at-top,wrong-import-position
 import team_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PARTS = ("grpo", "demo", "scaling")
@@ -155,6 +157,51 @@ def linear_fit(x, y) -> dict:
   return {"slope": float(slope), "intercept": float(intercept), "r2": r2}
 
 
+def grpo_step_flops(hf: dict, prompt_lengths, new_tokens: int) -> dict:
+  """Useful FLOPs of one GRPO step, the same work on either side.
+
+  Rollout and the update's forward both run P + N - 1 positions of a row
+  through the body (the last new token is never fed back), the head at its
+  N completion positions, and causal attention over them; the backward costs
+  twice the forward (input and weight gradients; the first layer's input
+  gradient feeds the tied embedding's). So a step is four forwards.
+  """
+  forward = 0
+  for p in prompt_lengths:
+    positions = p + new_tokens - 1
+    ctx_sum = positions * (positions + 1) // 2
+    forward += model_flops(hf, positions, new_tokens, ctx_sum)
+  return {"rollout": forward, "update": 3 * forward, "step": 4 * forward}
+
+
+def step_bound(grpo: dict) -> dict | None:
+  """The step at the matmul roofline: the most any side could reach here."""
+  peaks = [r.get("flop_per_s") for r in grpo.get("roofline", [])]
+  peaks = [x for x in peaks if x]
+  hf = grpo.get("assets", {}).get("hf_config")
+  prompt_lengths = next(
+      (
+          rows
+          for r in grpo.get("rounds", [])
+          for path in team_report.SAT_PATHS
+          if (rows := r["sat_jax"].get(path, {}).get("prompt_tokens_per_row"))
+      ),
+      None,
+  )
+  trl_s = grpo.get("pooled_median_s", {}).get("trl")
+  if not (peaks and hf and prompt_lengths and trl_s):
+    return None
+  flops = grpo_step_flops(hf, prompt_lengths, team_grpo.NEW_TOKENS)
+  # The faster roofline reading gives the smaller floor, i.e. the kinder bound.
+  floor_s = flops["step"] / max(peaks)
+  bound = dict(flops, peak_flop_per_s=max(peaks), floor_s=floor_s)
+  bound["max_x_trl"] = trl_s / floor_s
+  bound["target_roofline"] = team_report.TARGET_X * floor_s / trl_s
+  for side, t in grpo["pooled_median_s"].items():
+    bound[f"{side}_roofline"] = floor_s / t if t else None
+  return bound
+
+
 def derive(results: dict) -> dict:
   """Adds the step ratios and the scaling fits to the raw results."""
   grpo = results.get("grpo")
@@ -174,6 +221,7 @@ def derive(results: dict) -> dict:
       ok = med.get(path) and med["trl"]
       grpo[f"x_{path}"] = med["trl"] / med[path] if ok else None
     grpo["target_x"] = team_report.TARGET_X
+    grpo["step_bound"] = step_bound(grpo)
   rows = (results.get("scaling") or {}).get("rows", [])
   fits = {}
   for mode in sorted({r["mode"] for r in rows}):

@@ -267,6 +267,10 @@ def _path_result(agent, params, steps, batch) -> dict[str, Any]:
       "first_s": times[0],
       "tokens_shape": list(view.inputs["tokens_ExT"].shape),
       "own_tokens_per_row": sorted(set(mask.sum(1).tolist())),
+      # Real (unpadded) prompt tokens of each row: the FLOP count's input.
+      "prompt_tokens_per_row": (
+          (np.asarray(view.inputs["mask_ExT"]).sum(1) - mask.sum(1)).tolist()
+      ),
       "head_positions_per_row": (
           view.inputs["positions_ExA"].shape[1]
           if "positions_ExA" in view.inputs

@@ -170,6 +170,27 @@ def grpo_md(g: dict[str, Any]) -> list[str]:
       ),
       "",
   ]
+  bound = g.get("step_bound")
+  if bound:
+    pct = lambda x: _f(x and 100 * x, ".0f")
+    sides = ", ".join(
+        f"{p} {pct(bound.get(f'{p}_roofline'))}%" for p in SAT_PATHS
+    )
+    lines += [
+        (
+            "The step at the roofline: useful FLOPs per step (the same work on"
+            f" both sides) rollout {bound['rollout'] / 1e9:.1f} + update"
+            f" {bound['update'] / 1e9:.1f} GFLOP (backward = 2 x forward) ="
+            f" {bound['step'] / 1e9:.1f} GFLOP, i.e."
+            f" {bound['floor_s']:.3f} s at the faster roofline reading"
+            f" ({bound['peak_flop_per_s'] / 1e9:.0f} GFLOP/s): at most"
+            f" **{bound['max_x_trl']:.2f}x** TRL's median step on this host."
+            f" The {TARGET_X:g}x target needs the whole step at"
+            f" **{pct(bound['target_roofline'])}%** of the roofline; measured:"
+            f" TRL {pct(bound.get('trl_roofline'))}%, sat_jax {sides}."
+        ),
+        "",
+    ]
   direct = sat.get("direct", {})
   step, trl_s = direct.get("median_s"), med.get("trl")
   rollout, update = (direct.get(f"median_{k}_s") for k in ("rollout", "update"))
