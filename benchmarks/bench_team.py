@@ -39,7 +39,7 @@ sys.path.insert(0, str(_REPO))
 sys.path.insert(0, str(_HERE))
 
 from sat_jax import io_utils  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bench_foundation import model_flops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench_foundation import sampler_flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 import host_info  # pylint: disable=g-import-not-at-top,wrong-import-position
 import team_grpo  # pylint: disable=g-import-not-at-top,wrong-import-position
 import team_report  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -166,11 +166,7 @@ def grpo_step_flops(hf: dict, prompt_lengths, new_tokens: int) -> dict:
   twice the forward (input and weight gradients; the first layer's input
   gradient feeds the tied embedding's). So a step is four forwards.
   """
-  forward = 0
-  for p in prompt_lengths:
-    positions = p + new_tokens - 1
-    ctx_sum = positions * (positions + 1) // 2
-    forward += model_flops(hf, positions, new_tokens, ctx_sum)
+  forward = sum(sampler_flops(hf, 1, p, new_tokens) for p in prompt_lengths)
   return {"rollout": forward, "update": 3 * forward, "step": 4 * forward}
 
 
