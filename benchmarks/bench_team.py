@@ -92,7 +92,12 @@ def _worker(ns, kind: str, args: dict, timeout: int) -> dict:
 
 def run_grpo(ns) -> dict:
   """Builds the bench model, then alternates sat_jax and TRL `ns.rounds` x."""
-  assets = _worker(ns, "assets", {"out_dir": str(ns.out_dir)}, 900)
+  assets = _worker(
+      ns,
+      "assets",
+      {"out_dir": str(ns.out_dir), "foundation_dir": ns.foundation_dir},
+      900,
+  )
   if "error" in assets:
     raise SystemExit(f"could not build the bench model: {assets['error']}")
   common = dict(ckpt=assets["ckpt"], steps=ns.grpo_steps, cpus=ns.cpus)
@@ -262,6 +267,14 @@ def update_benchmarks_md(body: str) -> None:
 def _parse_args():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out_dir", default=str(_REPO / "bench_out/team"))
+  parser.add_argument(
+      "--foundation_dir",
+      default=None,
+      help=(
+          "bench_foundation.py's out_dir, to check the weights are the same"
+          " (default: its default)"
+      ),
+  )
   parser.add_argument("--parts", default=",".join(PARTS))
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--rounds", type=int, default=2, help="grpo: sat, trl")
@@ -297,6 +310,8 @@ def _parse_args():
   if ns.demo_base and not pathlib.Path(ns.demo_base).is_dir():
     parser.error(f"--demo_base {ns.demo_base}: not a directory")
   ns.out_dir = pathlib.Path(ns.out_dir).absolute()
+  if ns.foundation_dir:
+    ns.foundation_dir = str(pathlib.Path(ns.foundation_dir).absolute())
   return ns
 
 

@@ -34,7 +34,11 @@ def _pin(cpus: int | None) -> list[int]:
 def _assets(args):
   import team_assets  # pylint: disable=g-import-not-at-top
 
-  return team_assets.prepare(pathlib.Path(args["out_dir"]))
+  foundation = args.get("foundation_dir")
+  return team_assets.prepare(
+      pathlib.Path(args["out_dir"]),
+      pathlib.Path(foundation) if foundation else None,
+  )
 
 
 def _sat_grpo(args):
