@@ -35,6 +35,7 @@ import numpy as np
 
 _HERE = pathlib.Path(__file__).resolve().parent
 _REPO = _HERE.parent
+DEFAULT_OUT_DIR = _REPO / "bench_out/foundation"
 sys.path.insert(0, str(_REPO))
 
 from sat_jax import host_memory  # pylint: disable=g-import-not-at-top
@@ -448,7 +449,7 @@ _SECTION_INTRO = (
 
 def _parse_args():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--out_dir", default=str(_REPO / "bench_out/foundation"))
+  parser.add_argument("--out_dir", default=str(DEFAULT_OUT_DIR))
   parser.add_argument("--parts", default=",".join(PARTS))
   parser.add_argument("--configs", default=",".join(BENCH_CONFIGS))
   parser.add_argument("--dtypes", default="float32,bfloat16")

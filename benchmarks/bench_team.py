@@ -39,7 +39,7 @@ sys.path.insert(0, str(_REPO))
 sys.path.insert(0, str(_HERE))
 
 from sat_jax import io_utils  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bench_foundation import sampler_flops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench_foundation import DEFAULT_OUT_DIR as FOUNDATION_OUT_DIR, sampler_flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 import host_info  # pylint: disable=g-import-not-at-top,wrong-import-position
 import team_grpo  # pylint: disable=g-import-not-at-top,wrong-import-position
 import team_report  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -269,11 +269,8 @@ def _parse_args():
   parser.add_argument("--out_dir", default=str(_REPO / "bench_out/team"))
   parser.add_argument(
       "--foundation_dir",
-      default=None,
-      help=(
-          "bench_foundation.py's out_dir, to check the weights are the same"
-          " (default: its default)"
-      ),
+      default=str(FOUNDATION_OUT_DIR),
+      help="bench_foundation.py's out_dir, to check the weights are the same",
   )
   parser.add_argument("--parts", default=",".join(PARTS))
   parser.add_argument("--quick", action="store_true")
@@ -310,8 +307,7 @@ def _parse_args():
   if ns.demo_base and not pathlib.Path(ns.demo_base).is_dir():
     parser.error(f"--demo_base {ns.demo_base}: not a directory")
   ns.out_dir = pathlib.Path(ns.out_dir).absolute()
-  if ns.foundation_dir:
-    ns.foundation_dir = str(pathlib.Path(ns.foundation_dir).absolute())
+  ns.foundation_dir = str(pathlib.Path(ns.foundation_dir).absolute())
   return ns
 
 

@@ -93,12 +93,12 @@ def build_tokenizer(path: pathlib.Path, vocab_size: int) -> int:
 
 
 def prepare(
-    out_dir: pathlib.Path, foundation_dir: pathlib.Path | None = None
+    out_dir: pathlib.Path, foundation_dir: pathlib.Path
 ) -> dict[str, Any]:
   """Writes (once) <out_dir>/bench-tiny: weights + tokenizer; returns info.
 
-  `foundation_dir` is bench_foundation.py's out_dir (default its default):
-  when it holds bench-tiny, the info says whether the weights are the same.
+  `foundation_dir` is bench_foundation.py's out_dir: when it holds
+  bench-tiny, the info says whether the weights are the same.
   """
   ckpt = out_dir / BENCH_MODEL
   hf_config = bench_foundation._hf_config(BENCH_MODEL)  # pylint: disable=protected-access
@@ -122,30 +122,28 @@ def prepare(
       hf_config=hf_config,
       weights_sha256=sha256(ckpt / "model.safetensors"),
   )
-  same = foundation_weights_identical(ckpt, foundation_dir, hf_config)
+  same = foundation_weights_identical(
+      info["weights_sha256"], foundation_dir, hf_config
+  )
   if same is not None:
     info["foundation_weights_identical"] = same
   return info
 
 
 def foundation_weights_identical(
-    ckpt: pathlib.Path, foundation_dir: pathlib.Path | None, hf_config: dict
+    weights_sha256: str, foundation_dir: pathlib.Path, hf_config: dict
 ) -> bool | None:
-  """Whether `ckpt` holds bench_foundation.py's bench-tiny weights.
+  """Whether bench_foundation.py's bench-tiny has these weights and config.
 
-  None when `foundation_dir` (default: bench_foundation's default out_dir)
-  has no bench-tiny checkpoint to compare with.
+  None when `foundation_dir` has no bench-tiny checkpoint to compare with.
   """
-  if foundation_dir is None:
-    foundation_dir = bench_foundation._REPO / "bench_out/foundation"  # pylint: disable=protected-access
-  foundation = pathlib.Path(foundation_dir) / BENCH_MODEL
+  foundation = foundation_dir / BENCH_MODEL
   if not (foundation / "model.safetensors").is_file():
     return None
   stored = json.loads((foundation / "config.json").read_text())
   same_config = all(stored.get(k) == v for k, v in hf_config.items())
   return same_config and (
-      sha256(foundation / "model.safetensors")
-      == sha256(ckpt / "model.safetensors")
+      sha256(foundation / "model.safetensors") == weights_sha256
   )
 
 

@@ -34,10 +34,8 @@ def _pin(cpus: int | None) -> list[int]:
 def _assets(args):
   import team_assets  # pylint: disable=g-import-not-at-top
 
-  foundation = args.get("foundation_dir")
   return team_assets.prepare(
-      pathlib.Path(args["out_dir"]),
-      pathlib.Path(foundation) if foundation else None,
+      pathlib.Path(args["out_dir"]), pathlib.Path(args["foundation_dir"])
   )
 
 

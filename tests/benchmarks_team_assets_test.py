@@ -1,5 +1,6 @@
 """bench_team.py's check that its weights are bench_foundation.py's."""
 
+import hashlib
 import json
 import pathlib
 import sys
@@ -20,11 +21,13 @@ def _ckpt(path: pathlib.Path, config: dict, weights: bytes) -> pathlib.Path:
 
 def test_foundation_weights_identical_in_any_foundation_dir(tmp_path):
   config = {"vocab_size": 8, "hidden_size": 4}
-  ckpt = _ckpt(tmp_path / "team" / "bench-tiny", config, b"weights")
+  team_sha256 = hashlib.sha256(b"weights").hexdigest()
   foundation = tmp_path / "elsewhere"
 
   def same():
-    return team_assets.foundation_weights_identical(ckpt, foundation, config)
+    return team_assets.foundation_weights_identical(
+        team_sha256, foundation, config
+    )
 
   assert same() is None  # nothing to compare with: "n/a" in the report
   _ckpt(foundation / "bench-tiny", dict(config, extra=1), b"weights")
