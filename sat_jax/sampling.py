@@ -313,13 +313,20 @@ def _generate(config, options, params, tokens_BxP, mask_BxP, key):
     # its own loop carry (see `transformer.unstack_layers`, `KVCache`).
     params = transformer.unstack_layers(params, fuse=True)
     cache = cache.split_layers()
+  # On CPU a tied head gets a [D, V] copy of its own, made once here and read
+  # by every step (`unembed_matrix`): 1.05x at float32, 1.1-1.2x at
+  # bfloat16 (BENCHMARKS.md, Foundation). Elsewhere the matmul reads the
+  # transposed embedding as it is, and a copy would only cost memory.
+  w_DxV = transformer.unembed_matrix(
+      config, params, own_copy=jax.default_backend() == "cpu"
+  )
   h_BxPxD, cache = transformer.hidden_states_cached(
       config, params, tokens_BxP, cache, mask_BxP, prefill=True
   )
   # The last real prompt token of each row (left or right padding).
   last_B = p - 1 - jnp.argmax(mask_BxP[:, ::-1], axis=1)
   h_BxD = jnp.take_along_axis(h_BxPxD, last_B[:, None, None], axis=1)[:, 0]
-  logits = transformer.logits_from_hidden(config, params, h_BxD)
+  logits = transformer.logits_from_hidden(config, params, h_BxD, w_DxV)
   token, logp = sample_from_logits(logits, jax.random.fold_in(key, 0), options)
   pad = jnp.int32(options.pad_token_id)
   tokens_BxN = jnp.full((b, n), pad).at[:, 0].set(token)
@@ -337,7 +344,7 @@ def _generate(config, options, params, tokens_BxP, mask_BxP, key):
     h, cache = transformer.hidden_states_cached(
         config, params, prev[:, None], cache
     )
-    logits = transformer.logits_from_hidden(config, params, h[:, 0])
+    logits = transformer.logits_from_hidden(config, params, h[:, 0], w_DxV)
     token, logp = sample_from_logits(
         logits, jax.random.fold_in(key, step), options
     )
