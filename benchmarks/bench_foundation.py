@@ -12,7 +12,9 @@ as safetensors under --out_dir and read by every side):
 - scoring: teacher-forced log-probs of 32 x 128 sequences; sat_jax
   `scoring.token_logprobs` vs torch forward + log_softmax + gather.
 - roofline: a jitted 2048x2048 f32 matmul in the same run; each side's model
-  FLOP/s is reported as a fraction of it (FLOP formula: `model_flops`).
+  FLOP/s is reported as a fraction of it (FLOP formula: `model_flops`). The
+  same matmul with bfloat16 operands (float32 accumulation) gives the note
+  under the table: what the bfloat16 rows' targets need of that rate.
 - memory: peak memory of one jitted log-prob + KL call at B=4, T=2048,
   V=151936 on the bench-tiny body, chunked vs naive (fresh process each).
 
@@ -214,6 +216,14 @@ def _rate(n, res, part):
     return None
 
 
+def _dtype_peak(results, dtype):
+  """The roofline FLOP/s of a matmul in `dtype` (float32 or bfloat16)."""
+  roof = results.get("roofline") or {}
+  if dtype == "float32":
+    return roof.get("flop_per_s")
+  return (roof.get(dtype) or {}).get("flop_per_s")
+
+
 def derive(results):
   """Adds tokens/s, ratios and roofline fractions to the raw results."""
   peak = (results.get("roofline") or {}).get("flop_per_s")
@@ -222,7 +232,7 @@ def derive(results):
     hf = _hf_config(name)
     f_sample = sampler_flops(hf, b, p, n)
     f_score = scoring_flops(hf, b, p + n)
-    for row in per_dtype.values():
+    for dtype, row in per_dtype.items():
       d = {}
       for side in ("sat_jax", "transformers"):
         r = row.get(side, {})
@@ -266,6 +276,13 @@ def derive(results):
       d["sampler_target_roofline"] = (
           TARGETS[name] * hf_roof if hf_roof else None
       )
+      # The same against the matmul of the row's own dtype (bfloat16 runs
+      # at twice the float32 rate on CPUs with AVX512-BF16).
+      own_peak = _dtype_peak(results, dtype)
+      hf_rate = d["transformers_sampler_flop_s"]
+      d["sampler_target_dtype_roofline"] = (
+          TARGETS[name] * hf_rate / own_peak if hf_rate and own_peak else None
+      )
       row["derived"] = d
   return results
 
@@ -286,6 +303,30 @@ def _same_tokens(results) -> str:
   ]
   flags = [f for f in flags if f is not None]
   return ("yes" if all(flags) else "NO") if flags else "n/a"
+
+
+def _bfloat16_roofline_lines(results, peak, pct) -> list[str]:
+  """A note under the table: the bfloat16 rows against a bfloat16 matmul."""
+  peak16 = _dtype_peak(results, "bfloat16")
+  needs = [
+      f"{name} {pct(row['derived'].get('sampler_target_dtype_roofline'))}%"
+      for name, per_dtype in results.get("runs", {}).items()
+      for dtype, row in per_dtype.items()
+      if dtype == "bfloat16" and "derived" in row
+  ]
+  if not (peak16 and needs):
+    return []
+  ratio = f" ({peak16 / peak:.2f}x float32)" if peak else ""
+  return [
+      "",
+      (
+          "bfloat16 roofline (jitted 2048x2048 matmul, bfloat16 operands,"
+          f" float32 accumulation): {peak16 / 1e9:.0f} GFLOP/s{ratio}."
+          " Against it the bfloat16 rows' sampler targets need: "
+          + ", ".join(needs)
+          + "."
+      ),
+  ]
 
 
 def markdown(results, command):
@@ -352,6 +393,7 @@ def markdown(results, command):
           f" {pct(d.get('sat_jax_scoring_roofline'))} /"
           f" {pct(d.get('transformers_scoring_roofline'))} |"
       )
+  lines += _bfloat16_roofline_lines(results, peak, pct)
   mem = results.get("memory")
   if mem:
     lines += [

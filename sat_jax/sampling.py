@@ -314,9 +314,9 @@ def _generate(config, options, params, tokens_BxP, mask_BxP, key):
     params = transformer.unstack_layers(params, fuse=True)
     cache = cache.split_layers()
   # On CPU a tied head gets a [D, V] copy of its own, made once here and read
-  # by every step (`unembed_matrix`): 1.05x at float32, 1.1-1.2x at
-  # bfloat16 (BENCHMARKS.md, Foundation). Elsewhere the matmul reads the
-  # transposed embedding as it is, and a copy would only cost memory.
+  # by every step (`unembed_matrix`): 1.01-1.08x at float32, 1.07-1.18x at
+  # bfloat16 (BENCHMARKS.md, "the tied head's own copy"). Elsewhere the
+  # matmul reads the transposed embedding as it is; a copy only costs memory.
   w_DxV = transformer.unembed_matrix(
       config, params, own_copy=jax.default_backend() == "cpu"
   )

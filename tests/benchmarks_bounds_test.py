@@ -91,3 +91,34 @@ def test_sampler_target_roofline_is_the_target_over_the_ratio():
   assert d["sampler_target_roofline"] == pytest.approx(
       d["sat_jax_sampler_roofline"] * 3.0 / 2.5
   )
+
+
+def test_bfloat16_rows_are_also_measured_against_a_bfloat16_matmul():
+  med = lambda s: {"median_s": s}
+  row = {
+      "sat_jax": {"sampler": med(2.0), "scoring": med(1.0)},
+      "transformers": {"sampler": med(5.0), "scoring": med(1.0)},
+  }
+  results = {
+      "date": "2026-12-06",
+      "machine": "test host",
+      "roofline": {"flop_per_s": 2e11, "bfloat16": {"flop_per_s": 5e11}},
+      "runs": {"bench-tiny": {"float32": row, "bfloat16": dict(row)}},
+  }
+  runs = bench_foundation.derive(results)["runs"]["bench-tiny"]
+  f32, bf16 = runs["float32"]["derived"], runs["bfloat16"]["derived"]
+  # float32 rows: the same bound as before. bfloat16 rows: the bound scaled
+  # by the float32 / bfloat16 peak ratio (2 / 5).
+  assert f32["sampler_target_dtype_roofline"] == pytest.approx(
+      f32["sampler_target_roofline"]
+  )
+  assert bf16["sampler_target_dtype_roofline"] == pytest.approx(
+      bf16["sampler_target_roofline"] * 2 / 5
+  )
+  text = bench_foundation.markdown(results, "cmd")
+  expected = f"{100 * bf16['sampler_target_dtype_roofline']:.1f}%"
+  assert "500 GFLOP/s (2.50x float32)" in text
+  assert f"bench-tiny {expected}." in text
+  # Without a bfloat16 measurement (older results.json) there is no note.
+  del results["roofline"]["bfloat16"]
+  assert "bfloat16 roofline" not in bench_foundation.markdown(results, "cmd")
