@@ -277,7 +277,7 @@ def derive(results):
           TARGETS[name] * hf_roof if hf_roof else None
       )
       # The same against the matmul of the row's own dtype (bfloat16 runs
-      # at twice the float32 rate on CPUs with AVX512-BF16).
+      # at about twice the float32 rate on CPUs with AVX512-BF16).
       own_peak = _dtype_peak(results, dtype)
       hf_rate = d["transformers_sampler_flop_s"]
       d["sampler_target_dtype_roofline"] = (

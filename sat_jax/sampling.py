@@ -313,12 +313,18 @@ def _generate(config, options, params, tokens_BxP, mask_BxP, key):
     # its own loop carry (see `transformer.unstack_layers`, `KVCache`).
     params = transformer.unstack_layers(params, fuse=True)
     cache = cache.split_layers()
-  # On CPU a tied head gets a [D, V] copy of its own, made once here and read
-  # by every step (`unembed_matrix`): 1.01-1.08x at float32, 1.07-1.18x at
-  # bfloat16 (BENCHMARKS.md, "the tied head's own copy"). Elsewhere the
-  # matmul reads the transposed embedding as it is; a copy only costs memory.
-  w_DxV = transformer.unembed_matrix(
-      config, params, own_copy=jax.default_backend() == "cpu"
+  # A tied head is embed.T, which XLA's CPU dot reads by widening 16-bit
+  # operands to float32 (and more slowly at float32 too). Taken once here,
+  # outside the decode loop, the transpose becomes a [D, V] array of its own
+  # that every step reads in its dtype (tests/sampling_test.py checks the
+  # compiled loop): 1.01-1.08x at float32, 1.07-1.18x at bfloat16
+  # (BENCHMARKS.md, "the tied head's own copy"). Other backends read the
+  # transposed operand as it is, and keep the head inside the loop, where a
+  # copy would only cost memory.
+  w_DxV = (
+      transformer.unembed_matrix(config, params)
+      if jax.default_backend() == "cpu"
+      else None
   )
   h_BxPxD, cache = transformer.hidden_states_cached(
       config, params, tokens_BxP, cache, mask_BxP, prefill=True

@@ -188,6 +188,36 @@ def test_the_sampler_uses_the_default_cache_dtype(monkeypatch):
   assert made == [jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)]
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU copy")
+def test_the_decode_loop_reads_a_tied_head_in_bfloat16():
+  # XLA's CPU dot widens a transposed 16-bit operand (the tied embed.T) to
+  # float32; the head the sampler takes once before the loop is a [D, V]
+  # array of its own, which keeps the decode step's head matmul in
+  # bfloat16. Checked in the compiled HLO: the operands of the head's dot
+  # inside the while loop.
+  config = _CONFIG.replace(num_layers=1)
+  params = models.init_params(config, jax.random.key(0), jnp.bfloat16)
+  tokens = jnp.ones((4, 8), jnp.int32)
+  options = dataclasses.replace(_BASE, max_new_tokens=2)
+  hlo = (
+      sampling._generate_jit.lower(  # pylint: disable=protected-access
+          config, options, params, tokens, tokens, jax.random.key(0)
+      )
+      .compile()
+      .as_text()
+  )
+  decode_head_operands, computation = [], ""
+  for line in hlo.splitlines():
+    if line.startswith(("%", "ENTRY")):
+      computation = line  # the header names the operands' types
+    if " dot(" in line and "while/body/...d,dv->...v" in line:
+      decode_head_operands.append(computation.split("->")[0])
+  assert config.tie_embeddings and len(decode_head_operands) == 1
+  d, v = config.hidden_size, config.vocab_size
+  assert f"bf16[{d},{v}]" in decode_head_operands[0]
+  assert "f32[" not in decode_head_operands[0]
+
+
 def test_a_float32_cache_of_bfloat16_params_samples_as_a_bfloat16_cache():
   # The float32 cache (the CPU default for 16-bit params) stores the same
   # bfloat16 keys and values; the attention widens the query and rounds

@@ -136,24 +136,11 @@ def init_params(
   return jax.tree.unflatten(treedef, out)
 
 
-def unembed_matrix(
-    config: ModelConfig, params: PyTree, *, own_copy: bool = False
-) -> jax.Array:
-  """The [D, V] output matrix: the tied embedding transposed, or lm_head.
-
-  A tied head is a transposed view of the [V, D] embedding, which a matmul
-  then reads along the embedding's minor axis. XLA's CPU backend converts
-  16-bit operands of such a matmul to float32 first (at float32 it is also
-  slower). `own_copy` makes the tied head a [D, V] array of its own, behind
-  an optimization barrier so that XLA cannot fold the transpose back into
-  the matmuls: one V x D copy for callers that run the head many times in
-  one jitted call (the sampler's decode loop). Same values either way.
-  """
-  if not config.tie_embeddings:
-    return params["lm_head"]
-  if own_copy:
-    return jax.lax.optimization_barrier(params["embed"].T)
-  return params["embed"].T
+def unembed_matrix(config: ModelConfig, params: PyTree) -> jax.Array:
+  """The [D, V] output matrix: the tied embedding transposed, or lm_head."""
+  if config.tie_embeddings:
+    return params["embed"].T
+  return params["lm_head"]
 
 
 def default_positions(mask_BxT: jax.Array) -> jax.Array:
@@ -215,8 +202,8 @@ def logits_from_hidden(
 ) -> jax.Array:
   """float32 logits h @ W_unembed (float32 accumulation of the param dtype).
 
-  `w_DxV` (default: `unembed_matrix(config, params)`) lets a caller pass the
-  head it made once, e.g. its own copy of a tied head.
+  `w_DxV` (default: `unembed_matrix(config, params)`) lets a caller pass a
+  head it made once, outside a loop that reads it many times.
   """
   if w_DxV is None:
     w_DxV = unembed_matrix(config, params)
