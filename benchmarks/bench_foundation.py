@@ -226,7 +226,7 @@ def _dtype_peak(results, dtype):
 
 def derive(results):
   """Adds tokens/s, ratios and roofline fractions to the raw results."""
-  peak = (results.get("roofline") or {}).get("flop_per_s")
+  peak = _dtype_peak(results, "float32")
   b, p, n = (WORKLOAD[k] for k in ("batch", "prompt_len", "new_tokens"))
   for name, per_dtype in results.get("runs", {}).items():
     hf = _hf_config(name)
@@ -277,7 +277,8 @@ def derive(results):
           TARGETS[name] * hf_roof if hf_roof else None
       )
       # The same against the matmul of the row's own dtype (bfloat16 runs
-      # at about twice the float32 rate on CPUs with AVX512-BF16).
+      # at about twice the float32 rate on CPUs with AVX512-BF16, and at
+      # about 0.6x on CPUs without bfloat16 arithmetic).
       own_peak = _dtype_peak(results, dtype)
       hf_rate = d["transformers_sampler_flop_s"]
       d["sampler_target_dtype_roofline"] = (
@@ -331,7 +332,7 @@ def _bfloat16_roofline_lines(results, peak, pct) -> list[str]:
 
 def markdown(results, command):
   """The results as markdown tables (the Foundation section body)."""
-  peak = (results.get("roofline") or {}).get("flop_per_s")
+  peak = _dtype_peak(results, "float32")
   load = [results.get(k) for k in ("load_avg_start", "load_avg_end")]
   load_s = "" if None in load else (
       f" Load average (1 min) at start / end: {load[0]:.1f} / {load[1]:.1f}."

@@ -39,31 +39,22 @@ from bench_update import interleaved_median_ms  # pylint: disable=g-import-not-a
 from sat_jax import models  # pylint: disable=g-import-not-at-top
 from sat_jax import scoring  # pylint: disable=g-import-not-at-top
 
+# pylint: disable=protected-access
+
 _PAD_LOGIT = -1e30  # finite: exp() gives 0, no inf - inf
 
 
 def pieced_logprobs(h_BxTxD, w_DxV, targets_BxT, pieces, chunk=128):
   """log softmax(h @ w)[y], float32 [B, T], vocabulary in `pieces` pieces."""
-  b, t, d = h_BxTxD.shape
+  t, d = h_BxTxD.shape[1:]
   v = w_DxV.shape[1]
   u = -(-v // pieces)
   w_DxPU = jnp.pad(w_DxV, ((0, 0), (0, pieces * u - v)))
   w_PxDxU = jnp.transpose(w_DxPU.reshape(d, u, pieces), (2, 0, 1))
   ids_PxU = jnp.arange(u)[None] * pieces + jnp.arange(pieces)[:, None]
   c = min(chunk, t)
-  n = -(-t // c)
-  h_NxBxCxD = jnp.moveaxis(
-      jnp.pad(h_BxTxD, ((0, 0), (0, n * c - t), (0, 0))).reshape(b, n, c, d),
-      1,
-      0,
-  )
-  y_NxBxC = jnp.moveaxis(
-      jnp.pad(targets_BxT, ((0, 0), (0, n * c - t))).reshape(b, n, c), 1, 0
-  )
 
-  def chunk_fn(_, xs):
-    h_BxCxD, y_BxC = xs
-
+  def chunk_fn(h_BxCxD, y_BxC):
     def piece(carry, xs):
       m_BxC, s_BxC, z_y_BxC = carry
       w_DxU, ids_U, i = xs
@@ -88,19 +79,20 @@ def pieced_logprobs(h_BxTxD, w_DxV, targets_BxT, pieces, chunk=128):
     (m_BxC, s_BxC, z_y_BxC), _ = jax.lax.scan(
         piece, init, (w_PxDxU, ids_PxU, jnp.arange(pieces))
     )
-    return None, (z_y_BxC - m_BxC) - jnp.log(s_BxC)
+    return (z_y_BxC - m_BxC) - jnp.log(s_BxC)
 
-  _, logp_NxBxC = jax.lax.scan(chunk_fn, None, (h_NxBxCxD, y_NxBxC))
-  return jnp.moveaxis(logp_NxBxC, 0, 1).reshape(b, n * c)[:, :t]
+  # The library's chunking along T, so only the head differs.
+  xs = (scoring._to_chunks(h_BxTxD, c), scoring._to_chunks(targets_BxT, c))
+  return scoring._from_chunks(scoring._map(chunk_fn, xs), t)
 
 
 def _model_logprobs(config, params, tokens_BxT, mask_BxT, pieces):
   """`scoring.token_logprobs` (no positions) with the pieced head."""
   h_BxTxD = models.hidden_states(config, params, tokens_BxT, mask_BxT)
   w_DxV = models.unembed_matrix(config, params)
-  next_BxT = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))
+  h_BxTxD, next_BxT = scoring._at_positions(h_BxTxD, tokens_BxT, None)
   logp_BxT = pieced_logprobs(h_BxTxD, w_DxV, next_BxT, pieces)
-  return jnp.pad(logp_BxT[:, :-1], ((0, 0), (1, 0)))  # action positions
+  return scoring._to_positions(logp_BxT, mask_BxT, None)
 
 
 def _compare(label, ref_fn, variants, repeats):
