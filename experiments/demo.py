@@ -92,7 +92,9 @@ def get_config(arg: str | None = None):
   update.optimizer.name = "adam"
   # 3e-4 backtracked to ~2.1e-4 on average (step halving), in 1.7 tries.
   update.optimizer.learning_rate = 2e-4
-  c.sat.certificate.horizon = 1  # each agent speaks once per episode
+  # An LM agent's states are its tokens: one message of at most
+  # max_new_tokens per episode.
+  c.sat.certificate.horizon = c.protocol.get_ref("max_new_tokens")
 
   if "sampler_devices" in args:  # the sampler's own mesh (module doc)
     c.mesh.num_devices = 1

@@ -101,7 +101,8 @@ def monotonic_and_certificate(stages, seeds):
     steps = [s for r in runs for rec in r.records for s in rec.steps]
     eta = C.CertificateConfig().dkw_eta
     kl_hat = [
-        s["kl_quantile"] + np.sqrt(np.log(2 / eta) / (2 * s["num_states"]))
+        s["kl_quantile"]
+        + np.sqrt(np.log(2 / eta) / (2 * s["num_own_episodes"]))
         for s in steps
     ]
     sup_kl = [k for r in runs for ks in r.sup_kl for k in ks]

@@ -268,7 +268,9 @@ class TrainConfig:
       _fail("sat.single_agent", self.sat.single_agent, f"< {n} (team size)")
     if isinstance(self.sat.order, tuple):
       core_config.check_permutation(self.sat.order, n)
-    self.sat.agent_deltas(n)  # a per-agent tuple must have n entries
+    # Per-agent tuples need n entries, and the per-agent deltas and betas
+    # together must pass SATConfig's checks.
+    self.sat_config()
     if self.rollout.num_episodes % self.sat.update.minibatches:
       _fail(
           "sat.update.minibatches",
@@ -306,11 +308,28 @@ class TrainConfig:
     t = self.team[j].temperature
     return self.rollout.temperature if t is None else float(t)
 
+  def agent_beta_inits(self) -> tuple[float, ...]:
+    base = self.sat.agent_beta_inits(self.num_agents)
+    return tuple(
+        b if e.beta_init is None else float(e.beta_init)
+        for b, e in zip(base, self.team)
+    )
+
   def sat_config(self) -> core_config.SATConfig:
-    """The core's SATConfig with the per-agent deltas folded in."""
-    deltas = self.agent_deltas()
-    delta = deltas[0] if len(set(deltas)) == 1 else deltas
-    return dataclasses.replace(self.sat, delta=delta)
+    """The core's SATConfig with the per-agent deltas and betas folded in.
+
+    Built (and so validated: a zero beta_init with a finite delta and
+    backtracking without step scaling is refused) when the config is.
+    """
+
+    def fold(values):
+      return values[0] if len(set(values)) == 1 else values
+
+    return dataclasses.replace(
+        self.sat,
+        delta=fold(self.agent_deltas()),
+        beta_init=fold(self.agent_beta_inits()),
+    )
 
 
 def _tuple(x):
@@ -352,6 +371,7 @@ def _sat(values: Mapping[str, Any]) -> core_config.SATConfig:
       certificate=certificate,
       order=lambda o: o if isinstance(o, str) else _tuple(o),
       delta=lambda d: _tuple(d) if isinstance(d, (list, tuple)) else d,
+      beta_init=lambda b: _tuple(b) if isinstance(b, (list, tuple)) else b,
   )
 
 

@@ -149,14 +149,8 @@ def build_team(
 def initial_state(
     team: Team, config: config_lib.TrainConfig
 ) -> agent_lib.TeamState:
-  """The core's team state, with the per-agent beta_init overrides."""
-  state = agent_lib.init_team(team.agents, team.params, config.sat_config())
-  return tuple(
-      s
-      if e.beta_init is None
-      else s.replace(beta=agent_lib.scalar(float(e.beta_init)))
-      for s, e in zip(state, config.team)
-  )
+  """The core's team state, with the per-agent beta_init and delta."""
+  return agent_lib.init_team(team.agents, team.params, config.sat_config())
 
 
 def sampling_mesh(config: config_lib.TrainConfig) -> dict[str, Any]:

@@ -76,6 +76,9 @@ def test_command_line_overrides_reach_the_dataclasses():
   assert config.agent_deltas() == (0.02, 0.1, 0.02)
   assert config.sat_config().delta == (0.02, 0.1, 0.02)
   assert config.team[2].beta_init == 0.5 and config.team[0].beta_init is None
+  # The per-agent beta_init reaches the core, which decays beta toward it.
+  assert config.agent_beta_inits() == (0.01, 0.01, 0.5)
+  assert config.sat_config().beta_init == (0.01, 0.01, 0.5)
   assert config.sat.update.epochs == 4
   assert config.sat.update.optimizer.learning_rate == 0.002
   assert config.eval.temperature == 0.0
@@ -121,6 +124,11 @@ def test_temperature_per_agent():
         ({"sat.agent_update.minibatches": 3}, "minibatches=3"),
         ({"sat.dleta": 0.1}, "unknown field(s) ['dleta']"),
         ({"team.0.temperature": 0.0}, "temperature=0.0"),
+        # A zero beta with a finite delta: backtracking could not change a try.
+        (
+            {"team.1.beta_init": 0.0, "sat.backtrack_step_scale": 1.0},
+            "beta_init=0 for agent 1",
+        ),
         ({"eval.k": 0}, "eval.k=0"),
         ({"pretrain.wrong_prob": 1.5}, "wrong_prob=1.5"),
         ({"mesh.axes": [["data", 3], ["model", 1]]}, "unknown axis 'model'"),

@@ -55,6 +55,8 @@ STEP = dict(
     bias=0.01,
     kl_quantile=0.02,
     num_states=200,
+    num_own_episodes=50,
+    max_episode_states=2,
     num_episodes=100,
 )
 
@@ -67,13 +69,21 @@ def test_episodic_terms_by_hand():
       [STEP, dict(STEP, accepted=False)], cfg, num_agents=2, eps_max=0.25
   )
   a_max = 2.0
-  d = 0.02 + math.sqrt(math.log(2 / 0.2) / 400)
+  # DKW slack over the agent's 50 own episodes (not its 200 states).
+  d = 0.02 + math.sqrt(math.log(2 / 0.2) / 100)
   shift = a_max * min(certificate.KAPPA * 2 * d, math.sqrt(2 * d / 2), 1.0)
   fs = 1.25 * a_max * math.sqrt(math.log(2 * 2 / 0.1) / 200)
   assert out["step_shift"] == [pytest.approx(shift), 0.0]
   assert out["finite_sample"] == pytest.approx(fs)
   assert out["lower_bound"] == pytest.approx(0.3 - shift - 0.01 - fs)
   assert out["step_lower_bound"][1] == 0.0  # a rejected step is the identity
+  # A batch in which the agent acted at 5 states of one episode refutes
+  # horizon = 2: the shift then uses H = 5 (an LM agent's tokens).
+  out = certificate.stage_bound(
+      [dict(STEP, max_episode_states=5)], cfg, num_agents=2, eps_max=0.25
+  )
+  shift5 = a_max * min(certificate.KAPPA * 5 * d, math.sqrt(5 * d / 2), 1.0)
+  assert shift5 > shift and out["shift"] == pytest.approx(shift5)
 
 
 def test_discounted_uses_the_paper_constants():
@@ -81,7 +91,7 @@ def test_discounted_uses_the_paper_constants():
       variant="discounted", reward_bounds=(0.0, 1.0), gamma=0.99
   )
   out = certificate.stage_bound([STEP], cfg, num_agents=3, eps_max=0.2)
-  d = 0.02 + math.sqrt(math.log(2 / 0.05) / 400)
+  d = 0.02 + math.sqrt(math.log(2 / 0.05) / 100)
   assert out["shift"] == pytest.approx(
       2 * 0.99 / 0.01**2 * 0.5 * math.sqrt(d / 2)
   )

@@ -1,5 +1,7 @@
 """Backtracking restores params and optimizer state bitwise; rejects cleanly."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -149,6 +151,69 @@ def test_beta_decays_after_a_first_try_acceptance():
   np.testing.assert_allclose(float(new.beta), 0.05, rtol=1e-6)  # beta_init
 
 
+def test_beta_decays_to_the_agents_own_start_value():
+  cfg = _cfg(beta_init=(1e-4, 0.05), delta=10.0)
+  state, view, adv = _setup(cfg)
+  assert float(state.beta) == pytest.approx(1e-4)  # agent 0's own start
+
+  def update(beta, **kw):
+    return trust_region.update_with_backtracking(
+        GAME.agents[0],
+        state.replace(beta=jnp.float32(beta)),
+        view,
+        adv.adv_E,
+        adv.c_E,
+        jax.random.key(0),
+        cfg,
+        **kw,
+    )
+
+  new, rec, _ = update(1.2e-4, beta_init=1e-4)
+  assert rec["accepted"] and rec["tries"] == 1
+  # max(1e-4, 1.2e-4 / 1.5): the agent's floor, not another agent's 0.05.
+  np.testing.assert_allclose(float(new.beta), 1e-4, rtol=1e-6)
+  new, _, _ = update(0.3, beta_init=1e-4)
+  np.testing.assert_allclose(float(new.beta), 0.2, rtol=1e-6)
+  with pytest.raises(ValueError, match="per agent"):
+    update(1e-4)  # a per-agent beta_init needs this agent's value
+
+
+def test_a_retry_that_could_not_differ_is_not_run():
+  # beta already at beta_max and no step scaling: a retry would repeat the
+  # violating try bitwise (the public code's bug), so the update is
+  # rejected after one try instead of four identical ones.
+  cfg = _cfg(beta_init=0.05, beta_max=0.05, delta=1e-12, max_backtracks=3)
+  state, view, adv = _setup(cfg)
+  new, rec, _ = trust_region.update_with_backtracking(
+      GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(1), cfg
+  )
+  assert not rec["accepted"] and rec["tries"] == 1
+  assert _leaves_equal(new.params, state.params)
+  assert float(new.beta) == pytest.approx(0.05)
+  # With step scaling every retry differs, and all of them run.
+  cfg = dataclasses.replace(cfg, backtrack_step_scale=0.5)
+  _, rec, _ = trust_region.update_with_backtracking(
+      GAME.agents[0], state, view, adv.adv_E, adv.c_E, jax.random.key(1), cfg
+  )
+  assert not rec["accepted"] and rec["tries"] == 4
+
+
+def test_zero_beta_backtracking_without_step_scaling_is_refused():
+  # beta_raise * 0 = 0: the retries could not differ from the first try.
+  with pytest.raises(ValueError, match="beta_init=0 for agent 1"):
+    _cfg(beta_init=(0.05, 0.0), delta=0.01, max_backtracks=2)
+  with pytest.raises(ValueError, match="beta_init=0 for agent 0"):
+    _cfg(beta_init=0.0, delta=0.01)
+  # Accepted: no trust region, no retries, step scaling, or an agent whose
+  # zero beta goes with an infinite delta.
+  _cfg(beta_init=0.0, delta=float("inf"))
+  _cfg(beta_init=0.0, delta=0.01, max_backtracks=0)
+  _cfg(beta_init=0.0, delta=0.01, backtrack_step_scale=0.5)
+  _cfg(beta_init=(0.05, 0.0), delta=(0.01, float("inf")))
+  with pytest.raises(ValueError, match="beta_max"):
+    _cfg(beta_init=(0.05, 2.0), beta_max=1.0)
+
+
 class _NanKL(tabular.TabularAgent):
   """A broken agent: its KL is NaN wherever the policy moved."""
 
@@ -167,6 +232,30 @@ def test_a_nan_kl_is_a_violation_and_beta_is_capped():
   assert not rec["accepted"] and np.isnan(float(rec["kl_quantile"]))
   assert _leaves_equal(new.params, state.params)
   assert float(new.beta) == pytest.approx(0.06)  # 0.05 * 1.5^3, capped
+
+
+class _OneNanKL(tabular.TabularAgent):
+  """A broken agent: its KL is NaN at one of its 32 measured states."""
+
+  def state_kl(self, params_new, params_old, inputs):
+    kl = super().state_kl(params_new, params_old, inputs)
+    return kl.at[0, 0].set(jnp.nan)
+
+
+def test_one_nan_kl_is_a_violation_below_the_quantile_too():
+  # The 0.9-quantile of 32 states is the 29th smallest: a single NaN, sorted
+  # last, would not reach it, yet the update must not pass.
+  cfg = dataclasses.replace(
+      _cfg(delta=10.0, max_backtracks=0),
+      update=dataclasses.replace(_cfg().update, quantile=0.9),
+  )
+  state, view, adv = _setup(cfg)
+  assert int(np.sum(np.asarray(view.mask_ExT))) == 32
+  args = (state, view, adv.adv_E, adv.c_E, jax.random.key(0), cfg)
+  _, rec, _ = trust_region.update_with_backtracking(_OneNanKL(1, 3), *args)
+  assert np.isfinite(float(rec["kl_quantile"])) and not rec["accepted"]
+  _, rec, _ = trust_region.update_with_backtracking(GAME.agents[0], *args)
+  assert rec["accepted"]  # the same update with a finite KL passes
 
 
 def test_returned_log_ratio_is_that_of_the_kept_params():

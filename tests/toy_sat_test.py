@@ -49,7 +49,7 @@ def test_monotonic_improvement_and_certificate(name):
     for record, sup in zip(run.records, run.sup_kl):
       for step, kl in zip(record.steps, sup):
         slack = np.sqrt(
-            np.log(2 / cfg.certificate.dkw_eta) / (2 * step["num_states"])
+            np.log(2 / cfg.certificate.dkw_eta) / (2 * step["num_own_episodes"])
         )
         assert kl <= step["kl_quantile"] + slack
         assert step["accepted"] or kl == 0.0

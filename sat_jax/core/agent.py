@@ -163,14 +163,15 @@ def init_team(
   # implicit host transfer happens (the code runs under transfer_guard).
   opt_init = jax.jit(make_optimizer(cfg.update.optimizer).init)
   deltas = cfg.agent_deltas(len(agents))
+  betas = cfg.agent_beta_inits(len(agents))
   return tuple(
       AgentState(
           params=p,
           opt_state=opt_init(p),
-          beta=scalar(cfg.beta_init),
+          beta=scalar(b),
           delta=scalar(d),
       )
-      for p, d in zip(params, deltas)
+      for p, b, d in zip(params, betas, deltas)
   )
 
 

@@ -24,8 +24,15 @@ episode under the intermediate team pi_hat^i, P_0 under pi_cur (the batch).
     TV <= sqrt(KL / 2). By the chain rule KL(P_i || P_{i-1}) =
     E_{P_i} sum_{t in T_j} KL_j(s_t) <= H delta_max, so
       shift_i = A_max * min(kappa H d, sqrt(H d / 2), 1),  d = delta_hat_i,
-    with delta_hat_i = (1-alpha)-quantile KL + sqrt(log(2/eta) / (2 N_s)),
-    the monitor's stand-in for sup_s KL (N_s states measured, DKW slack).
+    (H at least the most states j acted at in one episode of the batch: for
+    an LM agent, its tokens, not its messages),
+    with delta_hat_i = (1-alpha)-quantile KL + sqrt(log(2/eta) / (2 N_j)),
+    the monitor's stand-in for sup_s KL with the DKW slack of PAPER.md
+    §3.5, N_j the episodes in which agent j acts (the states it was
+    measured at come from these; the paper's N_i counts episodes). Not
+    the N_s states: those of one episode are not independent, and
+    counting them would shrink the slack (by sqrt(tokens per episode)
+    for an LM agent).
  4. Truncation (the estimator-bias term zeta_i). E_{P_{i-1}}[Z~] =
     E_{P_0}[rho Z~] = E_{P_0}[c Z~] + E_{P_0}[(rho - c) Z~], and the last
     term is >= -E_{P_0}[(rho - c) |Z~|]: bias_i is its sample mean.
@@ -108,15 +115,20 @@ def step_statistics(
 
 
 def _delta_hat(step, cfg) -> float:
+  """Quantile KL + DKW slack over the agent's own episodes (step 3)."""
   slack = math.sqrt(
-      math.log(2 / cfg.dkw_eta) / (2 * max(step["num_states"], 1))
+      math.log(2 / cfg.dkw_eta) / (2 * max(step["num_own_episodes"], 1))
   )
   return step["kl_quantile"] + slack
 
 
 def _episodic(step, cfg, num_agents, eps_max):
   a_max = 0.5 * (cfg.reward_bounds[1] - cfg.reward_bounds[0])
-  d, h = _delta_hat(step, cfg), cfg.horizon
+  # H bounds the states the agent acts at in one episode (an LM agent's
+  # states are its tokens); a batch showing more refutes the configured H,
+  # so the larger count is used (never a smaller shift than the data allow).
+  h = max(cfg.horizon, step["max_episode_states"])
+  d = _delta_hat(step, cfg)
   log_term = math.log(2 * num_agents / cfg.delta_conf)
   return {
       "gain": step["gain"],
@@ -164,7 +176,8 @@ def stage_bound(
 ) -> dict[str, Any]:
   """The stage certificate from host-side step records.
 
-  Each step needs: accepted, gain, bias, kl_quantile, num_states,
+  Each step needs: accepted, gain, bias, kl_quantile, num_own_episodes,
+  max_episode_states (the most states the agent acted at in one episode),
   num_episodes. Returns the four summed terms, the lower bound, and the
   per-step terms (lists in update order). `variant` overrides cfg.variant.
   """

@@ -7,12 +7,15 @@ agents of one architecture share one compiled update; the per-agent numbers
 that change between tries or stages (beta, delta, the step scale) are traced
 arguments instead.
 
-beta across stages (the paper leaves it open): beta_i starts at `beta_init`;
-every backtrack multiplies it by `beta_raise`, up to `beta_max`; after a
-rejection it keeps the raised value, so the next stage starts stricter (the
-cap keeps an agent rejected stage after stage from overflowing it); after an
-update accepted on its first try it decays toward the start value,
-beta <- max(beta_init, beta / beta_decay). `beta_decay = 1` keeps beta.
+beta across stages (the paper leaves it open): beta_i starts at its
+`beta_init` (one value, or one per agent as for `delta`); every backtrack
+multiplies it by `beta_raise`, up to `beta_max`; after a rejection it keeps
+the raised value, so the next stage starts stricter (the cap keeps an agent
+rejected stage after stage from overflowing it); after an update accepted
+on its first try it decays toward that agent's own start value,
+beta <- max(beta_init_i, beta / beta_decay). `beta_decay = 1` keeps beta.
+A retry that could not differ from the try before it (beta at 0 or at
+`beta_max`, and no step scaling) is not run: the update is rejected then.
 """
 
 import dataclasses
@@ -113,7 +116,10 @@ class CertificateConfig:
 
   variant: str = "episodic"  # one of CERTIFICATE_VARIANTS
   reward_bounds: tuple[float, float] = (0.0, 1.0)
-  horizon: int = 1  # most states one agent acts at in one episode (episodic)
+  # Most states one agent acts at in one episode (episodic variant; an LM
+  # agent's states are its tokens). The certificate uses the batch's own
+  # count when that is larger.
+  horizon: int = 1
   gamma: float = 0.99  # discounted variant only
   delta_conf: float = 0.05  # the bound holds w.p. >= 1 - delta_conf
   dkw_eta: float = 0.05  # confidence of the DKW slack on the KL quantile
@@ -130,6 +136,33 @@ class CertificateConfig:
     _check(0 < self.dkw_eta < 1, "dkw_eta", self.dkw_eta, "in (0, 1)")
 
 
+def _values(value: float | tuple[float, ...]) -> tuple[float, ...]:
+  return value if isinstance(value, tuple) else (value,)
+
+
+def _per_agent(
+    name: str, value: float | tuple[float, ...], num_agents: int
+) -> tuple[float, ...]:
+  """One value per agent from a scalar or a per-agent tuple."""
+  if not isinstance(value, tuple):
+    return (float(value),) * num_agents
+  if len(value) != num_agents:
+    raise ValueError(
+        f"{name}={value} has {len(value)} entries for a team of "
+        f"{num_agents} agents"
+    )
+  return tuple(float(v) for v in value)
+
+
+def _pairs(a, b) -> tuple[tuple[float, float], ...]:
+  """Per-agent pairs of two scalar-or-tuple fields (none if lengths differ)."""
+  n = max(len(_values(a)), len(_values(b)))
+  try:
+    return tuple(zip(_per_agent("a", a, n), _per_agent("b", b, n)))
+  except ValueError:  # reported by agent_deltas / agent_beta_inits
+    return ()
+
+
 @dataclasses.dataclass(frozen=True)
 class SATConfig:
   """One SAT stage: method, order, advantage, trust region, certificate."""
@@ -138,7 +171,7 @@ class SATConfig:
   order: str | tuple[int, ...] = "static"  # one of ORDERS, or a permutation
   advantage_mode: str = "reuse"  # one of ADVANTAGE_MODES
   delta: float | tuple[float, ...] = 0.05  # KL radius per agent; inf: none
-  beta_init: float = 1e-3
+  beta_init: float | tuple[float, ...] = 1e-3  # per agent, as delta
   beta_raise: float = 1.5  # beta *= beta_raise on a backtrack
   beta_max: float = 1e6  # cap on beta (it persists across stages)
   beta_decay: float = 1.5  # see the module docstring; 1.0 keeps beta
@@ -159,13 +192,14 @@ class SATConfig:
           self, "order", check_permutation(self.order, len(self.order))
       )
     check_choice("advantage_mode", self.advantage_mode, ADVANTAGE_MODES)
-    deltas = self.delta if isinstance(self.delta, tuple) else (self.delta,)
-    for d in deltas:  # inf: no trust region (trust_region.py)
+    for d in _values(self.delta):  # inf: no trust region (trust_region.py)
       _check(d > 0, "delta", self.delta, "> 0 (inf: no trust region)")
-    _check(self.beta_init >= 0, "beta_init", self.beta_init, ">= 0")
+    inits = _values(self.beta_init)
+    for b in inits:
+      _check(b >= 0, "beta_init", self.beta_init, ">= 0")
     _check(self.beta_raise > 1, "beta_raise", self.beta_raise, "> 1")
     _check(
-        math.isfinite(self.beta_max) and self.beta_max >= self.beta_init,
+        math.isfinite(self.beta_max) and self.beta_max >= max(inits),
         "beta_max",
         self.beta_max,
         "finite and >= beta_init",
@@ -197,14 +231,24 @@ class SATConfig:
           "(grad KL = 0 there); use more epochs/minibatches or "
           "backtrack_step_scale < 1"
       )
+    if self.max_backtracks > 0 and self.backtrack_step_scale == 1.0:
+      # beta_raise * 0 = 0: every retry would repeat the violating try
+      # bitwise (the public code's bug again), so backtracking is void.
+      for j, (d, b) in enumerate(_pairs(self.delta, self.beta_init)):
+        if b == 0 and math.isfinite(d):
+          raise ValueError(
+              f"beta_init=0 for agent {j} (beta_init={self.beta_init}) with"
+              f" a finite delta={self.delta}, max_backtracks="
+              f"{self.max_backtracks} and backtrack_step_scale = 1: raising a"
+              " zero beta leaves it 0, so every retry would repeat the"
+              " violating step; set max_backtracks=0 (reject at once),"
+              " beta_init > 0 or backtrack_step_scale < 1"
+          )
 
   def agent_deltas(self, num_agents: int) -> tuple[float, ...]:
     """delta per agent; raises if a per-agent tuple has the wrong length."""
-    if not isinstance(self.delta, tuple):
-      return (float(self.delta),) * num_agents
-    if len(self.delta) != num_agents:
-      raise ValueError(
-          f"delta={self.delta} has {len(self.delta)} entries for a team of "
-          f"{num_agents} agents"
-      )
-    return tuple(float(d) for d in self.delta)
+    return _per_agent("delta", self.delta, num_agents)
+
+  def agent_beta_inits(self, num_agents: int) -> tuple[float, ...]:
+    """beta_init per agent; raises if a per-agent tuple has the wrong length."""
+    return _per_agent("beta_init", self.beta_init, num_agents)

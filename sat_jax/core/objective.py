@@ -238,6 +238,7 @@ def update_agent(
       "grad_norm": jnp.mean(grad_norm),
       "num_states": jnp.sum(view.mask_ExT),
       "num_own_episodes": jnp.sum(jnp.any(view.mask_ExT, axis=1)),
+      "max_episode_states": jnp.max(jnp.sum(view.mask_ExT, axis=1)),
       "mean_c": jnp.mean(c_E),
       "min_c": jnp.min(c_E),
   }
@@ -248,9 +249,12 @@ def update_agent(
         agent, new_params, ref_params, view.inputs, reference
     )
     kl_quantile = masked_quantile(kl_ExT, view.mask_ExT, cfg.quantile)
+    # A NaN KL at any of j's states is a violation, never a pass: the sort
+    # puts NaNs last, where a quantile below 1 would not see a few of them
+    # (and a NaN quantile fails the comparison).
+    any_nan = jnp.any(view.mask_ExT & jnp.isnan(kl_ExT))
     metrics |= {
-        # NaN-safe: a non-finite KL counts as a violation, never as a pass.
-        "violated": jnp.logical_not(kl_quantile <= delta),
+        "violated": jnp.logical_not(kl_quantile <= delta) | any_nan,
         "kl_quantile": kl_quantile,
         "kl_mean": masked_mean(kl_ExT, view.mask_ExT),
         "kl_max": jnp.max(jnp.where(view.mask_ExT, kl_ExT, 0.0)),

@@ -138,6 +138,7 @@ def run_stage(
         adv.c_E,
         update_keys[j],
         cfg,
+        beta_init=cfg.agent_beta_inits(num_agents)[j],
         # Read by the certificate, or by the next agents' ratios (reuse).
         need_logratio=cfg.certificate is not None
         or (reuse and i < len(sigma) - 1),

@@ -8,7 +8,10 @@ try only through beta and the step scale. After a violating try,
 beta_j <- min(beta_j * beta_raise, beta_max) and, if `backtrack_step_scale`
 < 1, the step is scaled by it (step halving at 0.5). Because the exact KL has
 zero gradient at the restored point, raising beta only changes a try with
-more than one inner step; SATConfig rejects the setting where it could not.
+more than one inner step; SATConfig rejects the settings where it could not
+(a single step, or beta_init = 0, without step scaling). A retry that would
+repeat the try before it bitwise (beta already at beta_max, no step
+scaling) is not run: the update is rejected at once.
 With Adam, raising beta does not reliably shrink the step (Adam normalises
 the gradient scale); step halving does, so use it for small radii.
 
@@ -25,6 +28,7 @@ import math
 from typing import Any
 
 import jax
+import numpy as np
 
 from sat_jax.core import agent as agent_lib
 from sat_jax.core import batch as batch_lib
@@ -43,6 +47,7 @@ def update_with_backtracking(
     key: jax.Array,
     cfg: config_lib.SATConfig,
     *,
+    beta_init: float | None = None,
     need_logratio: bool = True,
 ) -> tuple[agent_lib.AgentState, Metrics, jax.Array | None]:
   """Tries the update until the KL quantile is within delta, or rejects it.
@@ -54,7 +59,15 @@ def update_with_backtracking(
   With `need_logratio=False` and no monitor (delta = inf, no certificate)
   nothing measures the new params: u_E is None and the record has no
   surrogate_gain / clip_fraction (`update_agent`'s `measure_new`).
+  `beta_init` is this agent's start value, the floor of beta's decay
+  (`cfg.beta_init` when it is one value for every agent).
   """
+  if beta_init is None:
+    if isinstance(cfg.beta_init, tuple):
+      raise ValueError(
+          f"beta_init={cfg.beta_init} is per agent: pass this agent's"
+      )
+    beta_init = cfg.beta_init
   beta, delta = map(float, jax.device_get((state.beta, state.delta)))
   monitor = math.isfinite(delta) or cfg.certificate is not None
   measure_new = monitor or need_logratio
@@ -85,7 +98,14 @@ def update_with_backtracking(
     accepted = not bool(jax.device_get(metrics.pop("violated")))
     if accepted:
       break
-    beta = min(beta * cfg.beta_raise, cfg.beta_max)
+    next_beta = min(beta * cfg.beta_raise, cfg.beta_max)
+    # The update reads beta as float32: equal there, the retry would repeat
+    # this try bitwise, so the update is rejected now.
+    if np.float32(next_beta) == np.float32(beta) and (
+        cfg.backtrack_step_scale == 1.0
+    ):
+      break
+    beta = next_beta
     step_scale *= cfg.backtrack_step_scale
   tries = attempt + 1
   record = dict(
@@ -97,7 +117,7 @@ def update_with_backtracking(
   if accepted:
     record["beta"] = beta
     if tries == 1:
-      beta = max(cfg.beta_init, beta / cfg.beta_decay)
+      beta = max(beta_init, beta / cfg.beta_decay)
     new_state = state.replace(
         params=params, opt_state=opt_state, beta=agent_lib.scalar(beta)
     )
