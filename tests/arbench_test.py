@@ -91,7 +91,8 @@ def test_detective_episode_routes_to_the_right_suspect(tmp_path):
       _write(tmp_path, "dc", [CASE]), responder=fake, max_turns=3
   )
   (ex,) = task.load()
-  assert ex.uid == "arbench-dc-7" and ex.target["letter"] == "A"
+  assert ex.uid == "arbench-dc-0" and ex.meta["index"] == 7
+  assert ex.target["letter"] == "A"
   assert "A. Bob Stone: Bob Stone intro." in ex.prompt
   assert "I held the statue" not in ex.prompt  # hidden facts stay hidden
   env = task.make_environment(ex)
@@ -114,6 +115,11 @@ def test_detective_episode_routes_to_the_right_suspect(tmp_path):
   assert env.step("nobody in particular").text.startswith("Ask one suspect")
   assert env.step("Final answer: B").done and not env.verdict().correct
   assert base.score_text(task, ex, "Final answer: a").correct
+  # Markdown emphasis is read through, in the episode and in a text.
+  env.reset()
+  assert env.step("**Final answer:** **A**").done and env.verdict().correct
+  assert base.score_text(task, ex, "Final answer: **A**").correct
+  assert base.score_text(task, ex, "**Answer**: (A)").correct
 
 
 def test_detective_bad_files(tmp_path):
@@ -147,6 +153,7 @@ def test_puzzle_episode_and_f1_verdict(tmp_path):
   )
   (ex,) = task.load()
   assert PUZZLE["surface"] in ex.prompt and PUZZLE["bottom"] not in ex.prompt
+  assert ex.uid == "arbench-sp-0" and ex.meta["index"] == 3
   env = task.make_environment(ex)
   assert env.step("Q: Did he have hiccups?").text == "Yes"
   assert env.step("Let me think. Q: Was he hungry?").text == "Unknown"
@@ -240,6 +247,8 @@ def test_real_situation_puzzles(shared_benchmarks):
   task = arbench_sp.SituationPuzzlesTask(shared_benchmarks / "arbench")
   examples = task.load()
   assert len(examples) == 100
+  # The file's `index` repeats (98 twice); the uids do not.
+  assert len({ex.uid for ex in examples}) == 100
   for ex in examples:
     own = base.score_text(task, ex, "Final answer: " + ex.target["bottom"])
     assert own.correct and own.reward == 1.0

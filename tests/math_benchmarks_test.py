@@ -65,7 +65,20 @@ def test_aime_integers():
       ("25", 25),
       (r"\text{25}", 25),
       ("1,000", 1000),
+      ("1{,}000", 1000),
+      (r"1\,000", 1000),
+      ("12,345,678", 12345678),
       (r"\frac{50}{2}", 25),
+      # As math-verify and MathArena: an equation's right-hand side, a
+      # whole decimal and a percent sign count ...
+      ("m+n=25", 25),
+      ("x = 25", 25),
+      ("25.0", 25),
+      (r"25\%", 25),
+      # ... and a comma joins digits only as a thousands separator.
+      ("2, 5", None),
+      ("0, 25", None),
+      ("1,00", None),
       ("25.5", None),
       ("x", None),
   ]:
@@ -98,6 +111,8 @@ def test_loaders_and_scoring_on_fixtures(tmp_path):
   assert not base.score_text(task, ex, r"It is $\boxed{0.6}$.").correct
   assert task.answer_key("0.5") != task.answer_key("0.6")
   assert task.answer_key(r"\frac{1}{2}") == task.answer_key(r"\dfrac{1}{2}")
+  assert task.answer_key("x=5") == task.answer_key("5")  # as scored
+  assert task.answer_key("x=5") != task.answer_key("x=6")
   # A folder with test.jsonl works as the path.
   aime_dir = tmp_path / "aime24"
   aime_dir.mkdir()

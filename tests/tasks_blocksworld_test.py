@@ -161,6 +161,9 @@ def test_parse_plan_forms():
       ("pick-up", "orange"),
       ("stack", "orange", "red"),
   ]
+  # The end marker in lower case ends the plan too.
+  lower = text.replace("[PLAN END]", "[plan end]")
+  assert bw.parse_plan(lower) == bw.parse_plan(text)
   assert bw.parse_plan("the blue block is stacked on the red block") == []
   assert bw.plan_text([("stack", "a", "b"), ("put-down", "c")]) == (
       "(stack a b)\n(put-down c)"

@@ -6,6 +6,9 @@ AR-Bench's Detective Cases (`arbench_dc.py`) and Situation Puzzles
 turn budget (AR-Bench: 25), then states a final answer. Both read
 `<root>/data/<dc|sp>/test.json` (or the file itself) and keep one question
 history per responder. Guessing numbers (GN) is in `guess_number.py`.
+An example's uid is its position in the file ("arbench-sp-97"), and the
+file's own `index` goes into `meta`: sp/test.json holds index 98 twice
+(items 97 and 98), so that field does not name an item.
 """
 
 import collections

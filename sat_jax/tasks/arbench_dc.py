@@ -20,9 +20,11 @@ from sat_jax.tasks import registry
 from sat_jax.tasks import responder as responder_lib
 
 LETTERS = "ABCDEFGHIJ"
-_FINAL_LETTER = r"final\s+answer\s*:\s*[\[(]?([A-J])\b"
+# Markdown emphasis around the label or the letter ("**Final answer:** D",
+# "Final answer: **D**") is read through, as AR-Bench's last-letter rule does.
+_FINAL_LETTER = r"final\s+answer[*_\s]*:[*_\s]*[\[(]?[*_]*([A-J])\b"
 _ANY_LETTER = (  # AR-Bench's "Answer:"
-    r"(?:final\s+)?answer\s*:\s*[\[(]?([A-J])\b"
+    r"(?:final\s+)?answer[*_\s]*:[*_\s]*[\[(]?[*_]*([A-J])\b"
 )
 
 
@@ -172,7 +174,7 @@ class DetectiveCasesTask(arbench.ArBenchTask):
         ),
     ]
     return base.Example(
-        uid=f"arbench-dc-{item.get('index', i)}",
+        uid=f"arbench-dc-{i}",
         prompt="\n".join(lines),
         target={
             "letter": LETTERS[label],
@@ -180,7 +182,10 @@ class DetectiveCasesTask(arbench.ArBenchTask):
                 {"name": s["name"], "facts": facts[s["name"]]} for s in shown
             ],
         },
-        meta={"key_question": item.get("key_question", [])},
+        meta={
+            "key_question": item.get("key_question", []),
+            "index": item.get("index"),
+        },
     )
 
   def extract_answer(self, text: str) -> str | None:

@@ -164,10 +164,13 @@ class SituationPuzzlesTask(arbench.ArBenchTask):
       )
       examples.append(
           base.Example(
-              uid=f"arbench-sp-{item.get('index', i)}",
+              uid=f"arbench-sp-{i}",
               prompt=prompt,
               target={"surface": item["surface"], "bottom": item["bottom"]},
-              meta={"key_question": item.get("key_question", [])},
+              meta={
+                  "key_question": item.get("key_question", []),
+                  "index": item.get("index"),
+              },
           )
       )
     return examples

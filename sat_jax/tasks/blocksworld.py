@@ -179,8 +179,11 @@ _ACTION_RE = re.compile(r"(?<![\w-])(pick-up|put-down|unstack|stack)\b")
 
 
 def parse_plan(text: str, names: Sequence[str] = COLORS) -> list[Action]:
-  """Actions in `text` (natural language or PDDL), up to "[PLAN END]"."""
-  text = text.split(PLAN_END, 1)[0].lower()
+  """Actions in `text` (natural language or PDDL), up to "[PLAN END]".
+
+  The marker is matched in any case ("[plan end]"), as the actions are.
+  """
+  text = text.lower().split(PLAN_END.lower(), 1)[0]
   text = re.sub(r"\bpick[\s_-]+up\b", "pick-up", text)
   text = re.sub(r"\bput[\s_-]+down\b", "put-down", text)
   text = re.sub(r"\)\s*\(", ")\n(", text)  # PDDL actions on one line

@@ -93,16 +93,33 @@ def math_equal(gold: str, answer: str) -> bool:
   return math_verify.verify(list(gold_parsed), pred, timeout_seconds=_timeout())
 
 
+# A thousands separator: a comma, LaTeX's {,}, a thin space or a space between a
+# digit and a group of exactly three digits ("1,000", "1{,}000", "1\\,000").
+_THOUSANDS = re.compile(r"(?<=\d)\s*(?:,|\{,\}|\\[,!;: ]| )\s*(?=\d{3}(?!\d))")
+_LATEX_SPACE = re.compile(r"\\[,!;: ]")
+
+
 def integer_value(answer: str) -> int | None:
-  """The integer an answer states ("025", "1,000", "\\text{25}", "50/2")."""
+  """The integer an answer states ("025", "1,000", "\\text{25}", "50/2").
+
+  Read as math-verify and MathArena read a boxed AIME answer: of an
+  equation ("m+n=25") the right-hand side; a whole decimal ("25.0") or a
+  percent sign counts; commas and thin spaces join digits only as
+  thousands separators, so "2, 5" is a list, not 25.
+  """
   plain = re.sub(r"\\text\{([^{}]*)\}|\\mathrm\{([^{}]*)\}", r"\1\2", answer)
-  plain = re.sub(r"\\[,!;: ]|[\s$,]|\{,\}", "", plain)
-  if re.fullmatch(r"[+-]?\d+", plain):
-    return int(plain)
-  parsed = _parse(f"\\boxed{{{answer}}}")
+  plain = _THOUSANDS.sub("", plain.split("=")[-1])
+  plain = _LATEX_SPACE.sub(" ", plain).replace("$", "").strip()
+  plain = re.sub(r"\\?%$", "", plain).strip()
+  whole = re.fullmatch(r"([+-]?\d+)(?:\.0+)?", plain)
+  if whole:
+    return int(whole[1])
+  parsed = _parse(f"\\boxed{{{plain}}}")
   value = parsed[0] if parsed else None
-  if isinstance(value, sympy.Basic) and getattr(value, "is_integer", False):
-    if value.is_number:
+  if isinstance(value, sympy.Basic) and value.is_number:
+    if getattr(value, "is_integer", False):
+      return int(value)
+    if isinstance(value, sympy.Float) and value == int(value):
       return int(value)
   return None
 
@@ -159,7 +176,11 @@ class Math500Task(_BoxedMathTask):
   def answer_key(self, answer: str) -> Hashable:
     parsed = _parse(f"\\boxed{{{answer}}}")
     if parsed:
-      return str(parsed[0])
+      value = parsed[0]
+      # "x=5" votes with "5", as math-verify scores it against a gold 5.
+      if isinstance(value, sympy.Eq):
+        value = value.rhs
+      return str(value)
     logging.debug("math500: vote key of unparsable answer %r", answer)
     return super().answer_key(answer)
 
