@@ -164,6 +164,13 @@ def test_agents_with_the_same_tokenizer_share_one_renderer(tok, tmp_path):
   kwargs = dict(system_prompt=None, agent_tag="[{number}] ", env_tag="")
   shared = transcript.make_renderers([tok, same, other], None, **kwargs)
   assert shared[0] is shared[1] and shared[2] is not shared[0]
+  # The same tokenizer.json and template with another eos (a base model
+  # beside its instruct model): other stop ids, so a renderer of its own.
+  base = transformers.AutoTokenizer.from_pretrained(
+      tok.name_or_path, eos_token="<|endoftext|>"
+  )
+  pair = transcript.make_renderers([tok, base], None, **kwargs)
+  assert pair[0] is not pair[1] and pair[0].stop_ids != pair[1].stop_ids
   apart = transcript.make_renderers([tok, tok], None, share=False, **kwargs)
   assert apart[0] is not apart[1]
   with pytest.raises(ValueError, match="1 chat templates for 2 agents"):

@@ -132,9 +132,15 @@ class Renderer:
     self._encodings: dict[str, np.ndarray] = {}
 
   def share_key(self) -> tuple[Any, ...]:
-    """Renderers with equal keys produce identical streams."""
+    """Renderers with equal keys produce identical streams.
+
+    The stop and pad ids are part of it: a base and an instruct checkpoint
+    often share tokenizer.json and template but not their eos token.
+    """
     return (
         _fingerprint(self.tokenizer),
+        self.stop_ids,
+        self.pad_id,
         self.template,
         self.system_prompt,
         self.agent_tag,
