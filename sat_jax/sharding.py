@@ -33,20 +33,24 @@ LogicalRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Default rules: FSDP plus data parallel for the batch, tensor parallel on the
-# wide dimensions (a no-op while the "tensor" axis has size 1).
+# wide dimensions (a no-op while the "tensor" axis has size 1). kv heads go
+# over "tensor" as the query heads do, so query head h and its kv head h // G
+# land on the same device (attention stays local) and k/v projections and the
+# KV cache are split rather than copied; a kv-head count that "tensor" does
+# not divide falls back to replicated (below).
 DEFAULT_RULES: LogicalRules = (
     ("batch", ("data", "fsdp")),
     ("length", None),
     ("act_embed", None),
     ("act_mlp", "tensor"),
     ("act_heads", "tensor"),
-    ("act_kv_heads", None),
+    ("act_kv_heads", "tensor"),
     ("act_vocab", "tensor"),
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
     ("heads", "tensor"),
-    ("kv_heads", None),
+    ("kv_heads", "tensor"),
     ("head_dim", None),
     ("layers", None),
     ("norm", None),

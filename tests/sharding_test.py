@@ -297,12 +297,12 @@ MODEL_SPECS = {
         "attn_norm": P(None, None),
         "mlp_norm": P(None, None),
         "q_proj": P(None, "fsdp", "tensor", None),
-        "k_proj": P(None, "fsdp", None, None),
-        "v_proj": P(None, "fsdp", None, None),
+        "k_proj": P(None, "fsdp", "tensor", None),
+        "v_proj": P(None, "fsdp", "tensor", None),
         "o_proj": P(None, "tensor", None, "fsdp"),
         "q_bias": P(None, "tensor", None),
-        "k_bias": P(None, None, None),
-        "v_bias": P(None, None, None),
+        "k_bias": P(None, "tensor", None),
+        "v_bias": P(None, "tensor", None),
         "q_norm": P(None, None),
         "k_norm": P(None, None),
         "gate_proj": P(None, "fsdp", "tensor"),
@@ -437,6 +437,33 @@ def test_tiny_model_param_shardings(family):
       shardings,
   )
   sharding.assert_params_sharded(abstract, min_size=1024)
+
+
+def test_tensor_parallel_mesh_shards_the_kv_projections_of_a_real_model():
+  # Llama-3.1-8B on tensor=8: its 8 kv heads split over the 8 devices, so
+  # k_proj / v_proj (134M parameters each) are not copied onto every one.
+  config = models.get_preset("llama-3.1-8b")
+  mesh = sharding.make_mesh(
+      sharding.MeshConfig(axes=(("data", 1), ("fsdp", 1), ("tensor", 8)))
+  )
+  shapes = jax.eval_shape(
+      functools.partial(models.init_params, config), jax.random.key(0)
+  )
+  shardings = sharding.logical_to_sharding(
+      models.param_axes(config), mesh, shapes=shapes
+  )
+  for name in ("k_proj", "v_proj"):
+    shape = shapes["layers"][name].shape  # [L, D, K, Hd] = [32, 4096, 8, 128]
+    per_device = shardings["layers"][name].shard_shape(shape)
+    assert per_device == (32, 4096, 1, 128), name
+  abstract = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      shapes,
+      shardings,
+  )
+  # Every matrix is split; the per-layer norm scales ([L, D], 0.5 MB) stay
+  # whole by design (sharding them buys nothing and adds gathers).
+  sharding.assert_params_sharded(abstract, min_size=2**18)
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,22 @@ _FAMILY_FACTS = {
 }
 
 
+# What transformers' config classes assume for a field config.json leaves
+# out (Qwen3Config / Qwen2Config / LlamaConfig class defaults), so that a
+# sparse config.json means the same model here as there. A field given as
+# null falls back as transformers does: kv heads = heads, head_dim =
+# hidden_size // heads.
+_HF_FIELD_DEFAULTS = {
+    "qwen3": {
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+    },
+    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "llama": {"max_position_embeddings": 2048},
+}
+
+
 class ConfigError(ValueError):
   """A model config is invalid or unsupported; the message names the field."""
 
@@ -228,6 +244,7 @@ def config_from_hf(path_or_dict) -> ModelConfig:
 
   heads = int(need("num_attention_heads"))
   theta, scaling = _rope_from_hf(hf, where)
+  hf = {**_HF_FIELD_DEFAULTS[family], **hf}
   try:
     return ModelConfig(
         family=family,
@@ -242,7 +259,7 @@ def config_from_hf(path_or_dict) -> ModelConfig:
         rope_scaling=scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_seq_len=int(hf.get("max_position_embeddings", 4096)),
+        max_seq_len=int(need("max_position_embeddings")),
     )
   except ConfigError as e:
     raise ConfigError(f"{where}: {e}") from e
