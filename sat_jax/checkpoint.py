@@ -93,22 +93,32 @@ class TeamCheckpointer:
       *,
       max_to_keep: int | None = None,
       async_save: bool = True,
+      read_only: bool = False,
   ):
+    """`read_only` (a reader such as `sat-jax eval`, possibly beside a live
+    run): no save, and the folder is left as it is. A writer removes
+    leftover temporary step folders on start, which would destroy a save
+    that the training process has in flight."""
     if max_to_keep is not None and max_to_keep < 1:
       raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
     directory = os.fspath(directory)
     if "://" not in directory:  # orbax wants absolute local paths
       directory = os.path.abspath(directory)
     self.directory = epath.Path(directory)
+    self.read_only = read_only
+    if read_only and not self.directory.is_dir():
+      raise CheckpointError(f"{self.directory}: no checkpoint folder")
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep,
+        max_to_keep=None if read_only else max_to_keep,
         enable_async_checkpointing=async_save,
         todelete_subdir=_TRASH,
-        cleanup_tmp_directories=True,
-        create=True,
+        cleanup_tmp_directories=not read_only,
+        create=not read_only,
+        read_only=read_only,
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
-    self._empty_trash()
+    if not read_only:
+      self._empty_trash()
 
   def _empty_trash(self) -> None:
     trash = self.directory / _TRASH
@@ -131,6 +141,8 @@ class TeamCheckpointer:
       cursor: Mapping[str, Any],
   ) -> None:
     """Writes the team as step `step` (a new step; never overwrites)."""
+    if self.read_only:
+      raise CheckpointError(f"{self.directory} was opened read-only: no save")
     n = len(agent_states)
     if n == 0 or len(agent_metas) != n:
       raise ValueError(

@@ -9,6 +9,37 @@ from typing import Any, Iterable
 PathLike = str | os.PathLike
 
 
+def _umask_from_proc() -> int | None:
+  """The process umask as Linux reports it, without changing it."""
+  try:
+    status = pathlib.Path("/proc/self/status").read_text()
+  except OSError:
+    return None
+  for line in status.splitlines():
+    if line.startswith("Umask:"):
+      return int(line.split()[1], 8)
+  return None
+
+
+def _umask_by_setting() -> int:
+  umask = os.umask(0)
+  os.umask(umask)
+  return umask
+
+
+# Setting the umask to read it is process-wide: a file another thread makes
+# meanwhile (orbax's async save) would get mode 0666. So it is read from
+# /proc where there is one, and elsewhere set and restored once, here.
+_UMASK_AT_IMPORT = _umask_from_proc()
+if _UMASK_AT_IMPORT is None:
+  _UMASK_AT_IMPORT = _umask_by_setting()
+
+
+def _umask() -> int:
+  current = _umask_from_proc()
+  return _UMASK_AT_IMPORT if current is None else current
+
+
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
   """Writes `data` to `path` so that readers see the old file or the new one.
 
@@ -20,9 +51,7 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
   fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
   try:
     # mkstemp creates 0600 files; give the result the usual umask-based mode.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
+    os.fchmod(fd, 0o666 & ~_umask())
     with os.fdopen(fd, "wb") as f:
       f.write(data)
       f.flush()
@@ -65,6 +94,17 @@ def append_jsonl(path: PathLike, row: Any) -> None:
 
 class DataFileError(ValueError):
   """A data file is missing, empty or malformed; the message names where."""
+
+
+def read_json(path: PathLike) -> Any:
+  """A JSON file's value; DataFileError naming the file if absent or bad."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise DataFileError(f"{path}: no such file")
+  try:
+    return json.loads(path.read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DataFileError(f"{path}: malformed JSON ({e})") from e
 
 
 def read_jsonl(path: PathLike, required: Iterable[str] = ()) -> list[dict]:

@@ -25,7 +25,6 @@ run's. Keys of rows starting with "time_" are wall times (not reproducible).
 """
 
 import dataclasses
-import json
 import math
 import pathlib
 import shutil
@@ -213,7 +212,7 @@ def load_run_config(workdir: pathlib.Path) -> config_lib.TrainConfig:
     )
   if not (workdir / "checkpoints").is_dir():
     raise FileNotFoundError(f"{workdir}: no checkpoints/ folder")
-  return config_lib.from_dict(json.loads(path.read_text()))
+  return config_lib.from_dict(io_utils.read_json(path))
 
 
 def _eval_row(summary: dict[str, Any]) -> dict[str, Any]:
@@ -322,7 +321,12 @@ def _truncate_metrics(workdir: pathlib.Path, last_step: int | None) -> list:
   tb_dir = workdir / "tensorboard"
   shutil.rmtree(tb_dir, ignore_errors=True)
   if rows:
-    tb = tensorboardX.SummaryWriter(logdir=str(tb_dir))
+    # Its own file name: tensorboardX names event files by the second and
+    # opens them with "wb", so the run's writer, opened right after in the
+    # same folder, would otherwise truncate this history.
+    tb = tensorboardX.SummaryWriter(
+        logdir=str(tb_dir), filename_suffix=".resumed"
+    )
     for r in rows:
       for key, value in r.items():
         if key not in ("step", "kind") and isinstance(value, (int, float)):
@@ -374,7 +378,7 @@ def train_and_evaluate(
   task = registry.get_task(config.task.name, **config.task.kwargs)
   effective = config_lib.to_dict(config)
   if (workdir / "config.json").exists():
-    saved = json.loads((workdir / "config.json").read_text())
+    saved = io_utils.read_json(workdir / "config.json")
     _check_resumable(saved, effective)
   # The warm start runs on one device, before the mesh is entered.
   if any(e.model == config_lib.PRETRAIN for e in config.team):
@@ -414,7 +418,7 @@ def train_and_evaluate(
     writer.write_config(effective)
     info_path = workdir / "pretrain" / "base" / sft.INFO_FILE
     pretrain_info = (
-        json.loads(info_path.read_text()) if info_path.exists() else None
+        io_utils.read_json(info_path) if info_path.exists() else None
     )
 
     def evaluate(step: int) -> dict[str, Any] | None:

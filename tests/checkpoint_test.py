@@ -201,6 +201,33 @@ def test_errors_name_the_problem(saved, tmp_path):
   assert ckpt.all_steps() == [5]
 
 
+def test_a_read_only_reader_leaves_a_save_in_flight_alone(saved):
+  ckpt, team = saved
+  # What a live run's unfinished save looks like on disk.
+  in_flight = ckpt.directory / "7.orbax-checkpoint-tmp"
+  in_flight.mkdir()
+  (in_flight / "data").write_text("half-written")
+  reader = checkpoint.TeamCheckpointer(ckpt.directory, read_only=True)
+  assert in_flight.is_dir() and reader.all_steps() == [5]
+  target = targets_like(team, lambda x: x.sharding)[1]
+  assert_same(reader.restore_agent(5, 1, target)[0], team[1], target)
+  with pytest.raises(checkpoint.CheckpointError, match="read-only"):
+    reader.save(6, team, METAS, CURSOR)
+  with pytest.raises(checkpoint.CheckpointError, match="read-only"):
+    reader.replace_agent(5, 0, team[0], METAS[0], 6)
+  reader.close()
+  assert in_flight.is_dir()
+  # A writer clears leftovers (by its first save): why a reader must not be
+  # one.
+  writer = checkpoint.TeamCheckpointer(ckpt.directory)
+  writer.save(6, team, METAS, CURSOR)
+  writer.wait_until_finished()
+  writer.close()
+  assert not in_flight.exists()
+  with pytest.raises(checkpoint.CheckpointError, match="no checkpoint folder"):
+    checkpoint.TeamCheckpointer(ckpt.directory / "nope", read_only=True)
+
+
 def test_step_without_team_item_is_rejected(tmp_path):
   manager = ocp.CheckpointManager(tmp_path)
   manager.save(1, args=ocp.args.Composite(x=ocp.args.JsonSave({"a": 1})))

@@ -62,3 +62,36 @@ def test_atomic_write_uses_umask_mode(tmp_path):
   finally:
     os.umask(old)
   assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_atomic_write_reads_the_umask_without_setting_it(tmp_path, monkeypatch):
+  # Setting the umask to read it is process-wide: files other threads make
+  # meanwhile would come out 0666. On Linux it is read from /proc instead.
+  import os  # pylint: disable=g-import-not-at-top
+
+  if not os.path.exists("/proc/self/status"):
+    pytest.skip("no /proc: the umask is read once at import instead")
+  old = os.umask(0o027)
+  real_umask = os.umask
+
+  def no_setting(mask):
+    raise AssertionError(f"os.umask({mask:o}) called during a write")
+
+  monkeypatch.setattr(os, "umask", no_setting)
+  try:
+    io_utils.atomic_write_text(tmp_path / "f.txt", "x")
+  finally:
+    monkeypatch.setattr(os, "umask", real_umask)
+    os.umask(old)
+  assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o640
+
+
+def test_read_json_names_the_file(tmp_path):
+  path = tmp_path / "config.json"
+  path.write_text('{"team": [1, 2],}')
+  with pytest.raises(io_utils.DataFileError, match="config.json: malformed"):
+    io_utils.read_json(path)
+  with pytest.raises(io_utils.DataFileError, match="nope.json: no such file"):
+    io_utils.read_json(tmp_path / "nope.json")
+  path.write_text('{"a": [1]}')
+  assert io_utils.read_json(path) == {"a": [1]}

@@ -134,6 +134,14 @@ def test_truncation_keeps_complete_steps_and_rebuilds_tensorboard(tmp_path):
       "stage/reward": [(1, 0.5)],
       "stage/time_stage_s": [(1, 3.0)],
   }
+  # The resumed run's writer opens at once (the same second, the same
+  # default file name): the rebuilt history stays beside its new rows.
+  writer = metrics_lib.MetricsWriter(tmp_path, enabled=True)
+  writer.write(2, {"reward": 0.5}, kind="stage")
+  writer.close()
+  tb = metrics_lib.read_tensorboard_scalars(tmp_path / "tensorboard")
+  assert sorted(tb["stage/reward"]) == [(1, 0.5), (2, 0.5)]
+  assert tb["eval/avg_2"] == [(0, 0.25)]
   assert train._truncate_metrics(tmp_path, None) == []  # pylint: disable=protected-access
   assert (tmp_path / "metrics.jsonl").read_text() == ""
 

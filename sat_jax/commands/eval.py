@@ -111,8 +111,9 @@ def main(argv: Sequence[str]) -> None:
   examples = list(task.load(_SPLIT.value))
   if _NUM_PROBLEMS.value:
     examples = examples[: _NUM_PROBLEMS.value]
+  # Read-only: the run may still be training (and saving) in this workdir.
   ckpt = checkpoint_lib.TeamCheckpointer(
-      workdir / "checkpoints", async_save=False
+      workdir / "checkpoints", async_save=False, read_only=True
   )
   step = ckpt.latest_step() if _STEP.value is None else _STEP.value
   if step is None:
