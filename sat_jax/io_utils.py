@@ -103,8 +103,8 @@ def read_json(path: PathLike) -> Any:
     raise DataFileError(f"{path}: no such file")
   try:
     return json.loads(path.read_text(encoding="utf-8"))
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise DataFileError(f"{path}: malformed JSON ({e})") from e
+  except json.JSONDecodeError as e:
+    raise DataFileError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from e
 
 
 def read_jsonl(path: PathLike, required: Iterable[str] = ()) -> list[dict]:

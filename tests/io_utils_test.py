@@ -89,7 +89,9 @@ def test_atomic_write_reads_the_umask_without_setting_it(tmp_path, monkeypatch):
 def test_read_json_names_the_file(tmp_path):
   path = tmp_path / "config.json"
   path.write_text('{"team": [1, 2],}')
-  with pytest.raises(io_utils.DataFileError, match="config.json: malformed"):
+  with pytest.raises(
+      io_utils.DataFileError, match="config.json:1: malformed JSON"
+  ):
     io_utils.read_json(path)
   with pytest.raises(io_utils.DataFileError, match="nope.json: no such file"):
     io_utils.read_json(tmp_path / "nope.json")

@@ -57,11 +57,12 @@ def test_config_from_transformers_json(tmp_path, family, tie):
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 @pytest.mark.parametrize("kv_heads", ["absent", None])
 def test_fields_left_out_read_as_transformers_reads_them(family, kv_heads):
-  # Qwen3-4B's widths without head_dim, num_key_value_heads (left out or
-  # null) and max_position_embeddings: each family's config class fills
-  # them in its own way (Qwen3: head_dim 128, not 2560 // 32 = 80).
+  # Qwen3-4B's width with 64 heads, without head_dim, num_key_value_heads
+  # (left out or null) and max_position_embeddings: each family's config
+  # class fills them in its own way (Qwen3: head_dim 128, not 2560 // 64 =
+  # 40; Qwen: 32 kv heads when left out, not the 64 heads).
   hf = models.config_to_hf(models.get_preset("qwen3-4b"))
-  hf.update(model_type=family, architectures=None)
+  hf.update(model_type=family, architectures=None, num_attention_heads=64)
   for field in ("head_dim", "num_key_value_heads", "max_position_embeddings"):
     del hf[field]
   if kv_heads is None:
@@ -69,7 +70,7 @@ def test_fields_left_out_read_as_transformers_reads_them(family, kv_heads):
   cls = transformers.CONFIG_MAPPING[family]
   want = cls(**{k: v for k, v in hf.items() if k != "model_type"})
   got = models.config_from_hf(hf)
-  head_dim = getattr(want, "head_dim", None) or 2560 // 32
+  head_dim = getattr(want, "head_dim", None) or 2560 // 64
   assert (got.head_dim, got.num_kv_heads, got.max_seq_len) == (
       head_dim,
       want.num_key_value_heads,

@@ -155,12 +155,15 @@ def _per_agent(
 
 
 def _pairs(a, b) -> tuple[tuple[float, float], ...]:
-  """Per-agent pairs of two scalar-or-tuple fields (none if lengths differ)."""
+  """Per-agent pairs of two scalar-or-tuple fields.
+
+  None while two per-agent tuples disagree in length (agent_deltas /
+  agent_beta_inits report that against the team size).
+  """
   n = max(len(_values(a)), len(_values(b)))
-  try:
-    return tuple(zip(_per_agent("a", a, n), _per_agent("b", b, n)))
-  except ValueError:  # reported by agent_deltas / agent_beta_inits
+  if any(len(_values(v)) not in (1, n) for v in (a, b)):
     return ()
+  return tuple(zip(_per_agent("a", a, n), _per_agent("b", b, n)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -236,6 +236,7 @@ def config_from_hf(path_or_dict) -> ModelConfig:
     raise ConfigError(f"{where}: mlp_bias=true is not supported")
   if hf.get("use_sliding_window", False):
     raise ConfigError(f"{where}: use_sliding_window=true is not supported")
+  hf = {**_HF_FIELD_DEFAULTS[family], **hf}  # fields left out, as HF reads them
 
   def need(key):
     if key not in hf:
@@ -244,7 +245,6 @@ def config_from_hf(path_or_dict) -> ModelConfig:
 
   heads = int(need("num_attention_heads"))
   theta, scaling = _rope_from_hf(hf, where)
-  hf = {**_HF_FIELD_DEFAULTS[family], **hf}
   try:
     return ModelConfig(
         family=family,

@@ -4,11 +4,11 @@ Every error is an `io_utils.DataFileError` whose message names the file and,
 where there is one, the line or the item.
 """
 
-import json
 import os
 import pathlib
 from typing import Any, Sequence
 
+from sat_jax import io_utils
 from sat_jax.io_utils import DataFileError
 
 
@@ -40,19 +40,9 @@ def find_file(path: str | os.PathLike, relative: Sequence[str]) -> pathlib.Path:
   raise DataFileError(f"{path}: no such file (also tried {list(relative)})")
 
 
-def read_json(path: pathlib.Path) -> Any:
-  """The parsed contents of a JSON file."""
-  if not path.is_file():
-    raise DataFileError(f"{path}: no such file")
-  try:
-    return json.loads(path.read_text(encoding="utf-8"))
-  except json.JSONDecodeError as e:
-    raise DataFileError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from e
-
-
 def read_json_list(path: pathlib.Path) -> list[Any]:
   """The items of a JSON file holding a non-empty list."""
-  data = read_json(path)
+  data = io_utils.read_json(path)
   if not isinstance(data, list):
     raise DataFileError(f"{path}: expected a JSON list of items")
   if not data:

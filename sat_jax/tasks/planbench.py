@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from sat_jax import io_utils
 from sat_jax.io_utils import DataFileError
 from sat_jax.tasks import base
 from sat_jax.tasks import blocksworld
@@ -187,7 +188,7 @@ class PlanBenchTask(base.Task):
 
   def load(self, split: str = "test") -> list[base.Example]:
     base.check_split(split, ("test",))
-    data = files.read_json(self.prompts_path)
+    data = io_utils.read_json(self.prompts_path)
     items = data.get("instances") if isinstance(data, dict) else None
     if not items:
       raise DataFileError(f"{self.prompts_path}: no 'instances' list")
