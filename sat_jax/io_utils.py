@@ -1,6 +1,7 @@
 """Small file helpers: atomic writes and JSON-lines reading with clear errors."""
 
 import json
+import math
 import os
 import pathlib
 import tempfile
@@ -66,8 +67,41 @@ def atomic_write_text(path: PathLike, text: str) -> None:
   atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: PathLike, obj: Any, indent: int | None = 2) -> None:
-  atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
+def _non_finite(obj: Any, where: str = "") -> tuple[str, float] | None:
+  """(path, value) of the first NaN/inf float in `obj`, or None."""
+  if isinstance(obj, float) and not math.isfinite(obj):
+    return where or "the value", obj
+  if isinstance(obj, dict):
+    items = obj.items()
+  elif isinstance(obj, (list, tuple)):
+    items = enumerate(obj)
+  else:
+    return None
+  for key, value in items:
+    found = _non_finite(value, f"{where}[{key!r}]")
+    if found is not None:
+      return found
+  return None
+
+
+def atomic_write_json(
+    path: PathLike, obj: Any, indent: int | None = 2, *, allow_nan: bool = False
+) -> None:
+  """Writes `obj` as JSON (sorted keys), atomically.
+
+  NaN and inf are refused (ValueError naming the entry) unless `allow_nan`:
+  they are not JSON, and as results they mean something went wrong. A
+  caller for which inf is a valid setting passes allow_nan=True (Python's
+  json reads it back).
+  """
+  if not allow_nan:
+    found = _non_finite(obj)
+    if found is not None:
+      raise ValueError(
+          f"{path}: {found[0]} is {found[1]}, which is not valid JSON"
+      )
+  text = json.dumps(obj, indent=indent, sort_keys=True, allow_nan=allow_nan)
+  atomic_write_text(path, text + "\n")
 
 
 def atomic_write_jsonl(path: PathLike, rows: Iterable[Any]) -> None:

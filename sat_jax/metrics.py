@@ -73,7 +73,11 @@ class MetricsWriter:
   def write_config(self, config: Mapping[str, Any]) -> None:
     """Saves the effective config as `config.json` (atomically)."""
     if self.enabled:
-      io_utils.atomic_write_json(self.workdir / "config.json", dict(config))
+      # delta=inf (no trust region) is a valid setting, saved as Infinity:
+      # config.json is read back by Python's json (`train.load_run_config`).
+      io_utils.atomic_write_json(
+          self.workdir / "config.json", dict(config), allow_nan=True
+      )
       self._tb.add_text("config", f"```\n{dict(config)}\n```", global_step=0)
 
   def close(self) -> None:

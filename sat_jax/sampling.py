@@ -4,11 +4,12 @@
     out = sampling.sample(config, params, tokens_BxP, mask_BxP, options, key)
     out.tokens_BxN, out.logprobs_BxN, out.mask_BxN, out.lengths_B
 
-Prompts are left-padded to a bucket length P (`options.prompt_buckets`), so a
-given (config, options, batch size, bucket) compiles once. The cache holds
-P + N slots (N = max_new_tokens); decoding writes one slot per step with
-`dynamic_update_slice` and stops early once every row is done. New token n
-is drawn with key `fold_in(key, n)` from the distribution of
+Prompts are left-padded to a bucket length P (`options.prompt_buckets`, at
+most max_seq_len - N), so a given (config, options, batch size, bucket)
+compiles once. The cache holds P + N slots (N = max_new_tokens); decoding
+writes one slot per step with `dynamic_update_slice` and stops early once
+every row is done (filler rows, all padding, are done from the start). New
+token n is drawn with key `fold_in(key, n)` from the distribution of
 `filtered_log_probs`, and its log-prob under exactly that distribution is
 returned. After a row's stop token its tokens are `pad_token_id`, its mask 0
 and its log-probs 0.
@@ -115,7 +116,8 @@ def pad_prompts(
 
   P is `length` if given, else the bucket of the longest prompt. With
   `batch_size`, rows are added (all padding, mask 0) up to that size, so that
-  the batch shape stays fixed across calls; their outputs are meaningless.
+  the batch shape stays fixed across calls; `sample` gives them no new
+  tokens (length 0).
   """
   if not prompts:
     raise SamplingError("no prompts")
@@ -215,8 +217,16 @@ def _draw(probs_BxV: jax.Array, key: jax.Array) -> jax.Array:
 
   Two levels, so that no [B, V] random numbers (Gumbel) and no cumsum over
   V are needed: pick a block of entries by its mass, then an entry inside
-  it, with one uniform u per row. A token of zero probability is never
-  returned, whatever the rounding.
+  it, with one uniform u per row (`_inverse_cdf`).
+  """
+  return _inverse_cdf(probs_BxV, jax.random.uniform(key, probs_BxV.shape[:1]))
+
+
+def _inverse_cdf(probs_BxV: jax.Array, uniform_B: jax.Array) -> jax.Array:
+  """The entry of each row whose CDF interval holds u * sum(probs).
+
+  `uniform_B` in [0, 1). A token of zero probability is never returned,
+  whatever the rounding.
   """
   b, v = probs_BxV.shape
   block = _block_size(v)
@@ -226,15 +236,20 @@ def _draw(probs_BxV: jax.Array, key: jax.Array) -> jax.Array:
   p_BxCxK = probs_BxV.reshape(b, nb, block)
   mass_BxC = jnp.sum(p_BxCxK, axis=-1)
   cdf_BxC = jnp.cumsum(mass_BxC, axis=-1)
-  u_B = jax.random.uniform(key, (b,)) * cdf_BxC[:, -1]
+  u_B = uniform_B * cdf_BxC[:, -1]
   blk_B = jnp.minimum(
       jnp.sum(cdf_BxC <= u_B[:, None], axis=-1), _last_positive(mass_BxC)
   )
   before_B = jnp.take_along_axis(cdf_BxC - mass_BxC, blk_B[:, None], 1)[:, 0]
   inner_BxK = jnp.take_along_axis(p_BxCxK, blk_B[:, None, None], 1)[:, 0]
   cdf_BxK = jnp.cumsum(inner_BxK, axis=-1)
+  # cdf - mass is rounded anew and can exceed the block's true start (the
+  # cdf of the blocks before it), so u - before can be below 0, where the
+  # count below would be 0 and pick entry 0 whatever its probability. At
+  # r >= 0 the first entry with cdf > r has a positive probability.
+  r_B = jnp.maximum(u_B - before_B, 0.0)
   j_B = jnp.minimum(
-      jnp.sum(cdf_BxK <= (u_B - before_B)[:, None], axis=-1),
+      jnp.sum(cdf_BxK <= r_B[:, None], axis=-1),
       _last_positive(inner_BxK),
   )
   return blk_B * block + j_B
@@ -335,10 +350,15 @@ def _generate(config, options, params, tokens_BxP, mask_BxP, key):
   logits = transformer.logits_from_hidden(config, params, h_BxD, w_DxV)
   token, logp = sample_from_logits(logits, jax.random.fold_in(key, 0), options)
   pad = jnp.int32(options.pad_token_id)
+  # Filler rows (no real prompt token) are done before they start: no new
+  # token, so that they never keep the decode loop running by themselves.
+  filler_B = jnp.sum(mask_BxP, axis=1) == 0
+  token = jnp.where(filler_B, pad, token)
+  logp = jnp.where(filler_B, 0.0, logp)
   tokens_BxN = jnp.full((b, n), pad).at[:, 0].set(token)
   logprobs_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(logp)
-  done = _is_stop(token, options)
-  lengths = jnp.ones((b,), jnp.int32)
+  done = _is_stop(token, options) | filler_B
+  lengths = (~filler_B).astype(jnp.int32)
   state = (jnp.int32(1), token, done, lengths, tokens_BxN, logprobs_BxN, cache)
 
   def cond(state):
@@ -388,6 +408,36 @@ def _pad_left(tokens_BxP, mask_BxP, bucket: int, pad_id: int, xp=jnp):
 _pad_left_jit = jax.jit(_pad_left, static_argnums=(2, 3, 4))
 
 
+def _left_align(
+    tokens_BxP: np.ndarray, mask_BxP: np.ndarray, width: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+  """Each row's real tokens, in order, left-padded to `width` (host).
+
+  The model sees the same prompts: positions count real tokens only and
+  padding keys are masked, wherever the padding is. Rows must fit `width`.
+  """
+  tokens = np.full((tokens_BxP.shape[0], width), pad_id, np.int32)
+  mask = np.zeros((tokens_BxP.shape[0], width), np.int32)
+  for i, (row, real) in enumerate(zip(tokens_BxP, mask_BxP > 0)):
+    ids = row[real]
+    tokens[i, width - len(ids) :] = ids
+    mask[i, width - len(ids) :] = 1
+  return tokens, mask
+
+
+def _check_prompt_ids(
+    tokens_BxP: np.ndarray, mask_BxP: np.ndarray, vocab_size: int
+) -> None:
+  """Raises for a real (mask > 0) prompt id outside [0, vocab_size)."""
+  bad_BxP = (mask_BxP > 0) & ((tokens_BxP < 0) | (tokens_BxP >= vocab_size))
+  if bad_BxP.any():
+    row, pos = np.argwhere(bad_BxP)[0]
+    raise SamplingError(
+        f"prompt token id {int(tokens_BxP[row, pos])} at row {row}, position"
+        f" {pos} is outside vocab_size {vocab_size}"
+    )
+
+
 def sample(
     config: config_lib.ModelConfig,
     params: PyTree,
@@ -399,9 +449,16 @@ def sample(
   """Samples up to `options.max_new_tokens` tokens after each prompt.
 
   Prompts may be left- or right-padded (left is what `pad_prompts` makes);
-  P is padded up to its bucket on the left. Raises SamplingError when P plus
-  max_new_tokens exceeds config.max_seq_len, or for out-of-vocab stop/pad
-  ids. Rows with an all-zero mask are batch filler.
+  P is padded up to its bucket on the left. What must fit the context is
+  each row's real prompt (positions count real tokens only): where the
+  bucket plus max_new_tokens N would exceed config.max_seq_len, the width
+  is max_seq_len - N instead (a P wider than that is read back to the host
+  and each row's real tokens re-padded to it), so the cache never holds
+  more than max_seq_len slots. Raises SamplingError when a row's real
+  prompt plus N exceeds max_seq_len, for out-of-vocab stop/pad ids, and for
+  real prompt ids outside [0, vocab_size) in host arrays (device arrays
+  are not read back to check them; their padding ids may be anything).
+  Rows with an all-zero mask are batch filler: they get no new tokens.
   """
   if (
       prompt_tokens_BxP.ndim != 2
@@ -411,13 +468,6 @@ def sample(
         f"prompt tokens {prompt_tokens_BxP.shape} and mask"
         f" {prompt_mask_BxP.shape} must be equal [B, P] shapes"
     )
-  p = prompt_tokens_BxP.shape[1]
-  bucket = bucket_length(p, options.prompt_buckets)
-  if bucket + options.max_new_tokens > config.max_seq_len:
-    raise SamplingError(
-        f"prompt bucket {bucket} (from {p} tokens) + max_new_tokens"
-        f" {options.max_new_tokens} exceeds max_seq_len {config.max_seq_len}"
-    )
   for name, ids in (
       ("stop_token_ids", options.stop_token_ids),
       ("pad_token_id", (options.pad_token_id,)),
@@ -426,18 +476,43 @@ def sample(
       raise SamplingError(
           f"{name}={ids} outside vocab_size {config.vocab_size}"
       )
-  if isinstance(prompt_tokens_BxP, jax.Array):
+  n = options.max_new_tokens
+  room = config.max_seq_len - n  # the longest prompt that fits
+  if room < 1:
+    raise SamplingError(
+        f"max_new_tokens {n} leaves no room for a prompt in max_seq_len"
+        f" {config.max_seq_len}"
+    )
+  p = prompt_tokens_BxP.shape[1]
+  bucket = bucket_length(p, options.prompt_buckets)
+  on_host = not isinstance(prompt_tokens_BxP, jax.Array)
+  if on_host:
+    tokens, mask = np.asarray(prompt_tokens_BxP), np.asarray(prompt_mask_BxP)
+    _check_prompt_ids(tokens, mask, config.vocab_size)
+  if bucket > room:
+    bucket = room
+    if p > room:  # only the real tokens must fit: read the mask (rare path)
+      if not on_host:
+        tokens, mask = jax.device_get((prompt_tokens_BxP, prompt_mask_BxP))
+        _check_prompt_ids(tokens, mask, config.vocab_size)
+        on_host = True
+      real_B = np.sum(np.asarray(mask) > 0, axis=1)
+      row = int(np.argmax(real_B))
+      if real_B[row] > room:
+        raise SamplingError(
+            f"prompt of {real_B[row]} tokens (row {row}) + max_new_tokens"
+            f" {n} = {real_B[row] + n} exceeds max_seq_len"
+            f" {config.max_seq_len}"
+        )
+      tokens, mask = _left_align(
+          np.asarray(tokens), np.asarray(mask), room, options.pad_token_id
+      )
+  if on_host:  # pad on the host, one explicit transfer
+    tokens, mask = jax.device_put(
+        _pad_left(tokens, mask, bucket, options.pad_token_id, np)
+    )
+  else:
     tokens, mask = _pad_left_jit(
         prompt_tokens_BxP, prompt_mask_BxP, bucket, options.pad_token_id
-    )
-  else:  # host arrays: pad on the host, one explicit transfer
-    tokens, mask = jax.device_put(
-        _pad_left(
-            np.asarray(prompt_tokens_BxP),
-            np.asarray(prompt_mask_BxP),
-            bucket,
-            options.pad_token_id,
-            np,
-        )
     )
   return _generate_jit(config, options, params, tokens, mask, key)

@@ -460,12 +460,18 @@ def _to_positions(values_BxA, mask_BxT, positions_BxA):
   return out_BxT * _state_mask(mask_BxT)
 
 
-def _check_tokens(tokens_BxT, mask_BxT, name):
+def _checked_tokens(tokens_BxT, mask_BxT, name):
+  """Checks the shapes; returns the tokens with padding ids set to 0.
+
+  Padding ids are arbitrary; one outside the vocabulary, scored as a
+  target, would make its (masked) value NaN, and 0 * NaN stays NaN.
+  """
   if tokens_BxT.ndim != 2 or mask_BxT.shape != tokens_BxT.shape:
     raise ValueError(
         f"{name}: tokens {tokens_BxT.shape} and mask {mask_BxT.shape} must"
         " both be [B, T]"
     )
+  return jnp.where(mask_BxT > 0, tokens_BxT, 0)
 
 
 def token_logprobs(
@@ -486,7 +492,7 @@ def token_logprobs(
   model body in the backward pass (passed to `models.hidden_states`).
   `positions_BxA`: only those positions (module docstring).
   """
-  _check_tokens(tokens_BxT, mask_BxT, "token_logprobs")
+  tokens_BxT = _checked_tokens(tokens_BxT, mask_BxT, "token_logprobs")
   _check_positions(positions_BxA, tokens_BxT, "token_logprobs")
   h_BxTxD = models.hidden_states(
       config, params, tokens_BxT, mask_BxT, remat=remat
@@ -511,7 +517,9 @@ def token_logprobs_and_entropy(
     positions_BxA: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """`token_logprobs` and the entropy of the distribution at each state."""
-  _check_tokens(tokens_BxT, mask_BxT, "token_logprobs_and_entropy")
+  tokens_BxT = _checked_tokens(
+      tokens_BxT, mask_BxT, "token_logprobs_and_entropy"
+  )
   _check_positions(positions_BxA, tokens_BxT, "token_logprobs_and_entropy")
   h_BxTxD = models.hidden_states(
       config, params, tokens_BxT, mask_BxT, remat=remat
@@ -554,7 +562,7 @@ def state_kl(
         "state_kl: the two models must share a vocabulary, got vocab_size"
         f" {config_new.vocab_size} (new) and {config_old.vocab_size} (old)"
     )
-  _check_tokens(tokens_BxT, mask_BxT, "state_kl")
+  tokens_BxT = _checked_tokens(tokens_BxT, mask_BxT, "state_kl")
   _check_positions(positions_BxA, tokens_BxT, "state_kl")
   # Only the new side is rematted: the old one has no backward pass.
   h_new_BxTxD = models.hidden_states(
@@ -590,7 +598,7 @@ def kl_reference_hidden(
   only on params_old and the tokens, so an update that measures the KL
   against fixed params_old many times computes it once.
   """
-  _check_tokens(tokens_BxT, mask_BxT, "kl_reference_hidden")
+  tokens_BxT = _checked_tokens(tokens_BxT, mask_BxT, "kl_reference_hidden")
   _check_positions(positions_BxA, tokens_BxT, "kl_reference_hidden")
   h_BxTxD = models.hidden_states(config, params_old, tokens_BxT, mask_BxT)
   return _at_positions(h_BxTxD, tokens_BxT, positions_BxA)[0]
@@ -619,7 +627,9 @@ def token_logprobs_and_state_kl(
   calls (the old model's body pass is then skipped; params_old only gives
   its output matrix).
   """
-  _check_tokens(tokens_BxT, mask_BxT, "token_logprobs_and_state_kl")
+  tokens_BxT = _checked_tokens(
+      tokens_BxT, mask_BxT, "token_logprobs_and_state_kl"
+  )
   _check_positions(positions_BxA, tokens_BxT, "token_logprobs_and_state_kl")
   h_new_BxTxD = models.hidden_states(
       config, params_new, tokens_BxT, mask_BxT, remat=remat

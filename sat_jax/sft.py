@@ -31,6 +31,7 @@ free to span spaces (so the fixed system prompt costs a few tokens), ChatML
 special tokens and template (`testing.CHAT_TEMPLATE`); eos is <|im_end|>.
 """
 
+import dataclasses
 import functools
 import os
 import pathlib
@@ -185,6 +186,29 @@ def split_lines(text: str, parts: int) -> list[str]:
   return shares
 
 
+def _chat_dicts(
+    renderer: transcript.Renderer, messages: Sequence[Message], viewer: int
+) -> tuple[list[dict[str, str]], int]:
+  """(viewer's chat as role/content dicts, index of messages[0] in it)."""
+  chat = renderer.chat(messages, viewer)
+  offset = len(chat) - len(messages)  # the system turn, if any
+  return [{"role": r, "content": c} for r, c in chat], offset
+
+
+def _render_fn(renderer: transcript.Renderer):
+  return functools.partial(
+      models.render_chat, renderer.tokenizer, chat_template=renderer.template
+  )
+
+
+def rendered_length(
+    renderer: transcript.Renderer, messages: Sequence[Message], viewer: int
+) -> int:
+  """len(encode(renderer, messages, viewer, ...)[0]), in one rendering."""
+  as_dicts, _ = _chat_dicts(renderer, messages, viewer)
+  return len(_render_fn(renderer)(as_dicts, add_generation_prompt=False))
+
+
 def encode(
     renderer: transcript.Renderer,
     messages: Sequence[Message],
@@ -198,12 +222,8 @@ def encode(
   would have sampled from); that rendering must be a prefix of the whole
   one, or the template rewrites earlier turns and ValueError is raised.
   """
-  chat = renderer.chat(messages, viewer)
-  offset = len(chat) - len(messages)  # the system turn, if any
-  as_dicts = [{"role": r, "content": c} for r, c in chat]
-  render = functools.partial(
-      models.render_chat, renderer.tokenizer, chat_template=renderer.template
-  )
+  as_dicts, offset = _chat_dicts(renderer, messages, viewer)
+  render = _render_fn(renderer)
   full = render(as_dicts, add_generation_prompt=False)
   loss = [0] * len(full)
   eos = set(renderer.stop_ids)
@@ -282,20 +302,38 @@ def model_config(
 
 
 class _Batches:
-  """Random training turns of one viewer each, padded to one fixed [B, T]."""
+  """Random training turns of one viewer each, padded to one fixed [B, T].
+
+  T fits the longest turn that can be packed: every example is rendered at
+  every position, since the longest demonstration string is not the longest
+  turn (a multi-turn task's `demonstration` is its final answer only, and
+  more characters can be fewer tokens). Relay turns are sized uncorrupted:
+  corruption changes digits only, one token each with the digit-splitting
+  demo tokenizer, and the margin absorbs a few more from other tokenizers.
+  """
 
   def __init__(self, task, examples, renderer, cfg, max_len: int):
     self.task, self.examples, self.cfg = task, examples, cfg
     self.renderer = renderer
     self.rng = random.Random(f"sft/{cfg.seed}")
-    # Corruption keeps the digit count, so the longest turn is the last
-    # position after the longest demonstration.
-    longest = max(examples, key=lambda ex: len(task.demonstration(ex)))
-    turn = training_turn(
-        task, longest, cfg.positions - 1, cfg, random.Random(0)
-    )
-    longest_ids = len(encode(renderer, *turn)[0])
-    self.length = -(-(longest_ids + 8) // _LENGTH_MULTIPLE) * _LENGTH_MULTIPLE
+    # A multi-turn example has one training turn whatever the position and
+    # rng, and its scripted episode can be slow to build: encoded once here,
+    # it sizes T and is reused by every batch.
+    self.fixed: dict[int, tuple[list[int], list[int]]] = {}
+    exact = dataclasses.replace(cfg, wrong_prob=0.0)
+    longest = 0
+    for i, ex in enumerate(examples):
+      if task.make_environment(ex) is not None:
+        turn = training_turn(task, ex, 0, cfg, random.Random(0))
+        self.fixed[i] = encode(renderer, *turn)
+        longest = max(longest, len(self.fixed[i][0]))
+        continue
+      for position in range(cfg.positions):
+        messages, viewer, _ = training_turn(
+            task, ex, position, exact, random.Random(0)
+        )
+        longest = max(longest, rendered_length(renderer, messages, viewer))
+    self.length = -(-(longest + 8) // _LENGTH_MULTIPLE) * _LENGTH_MULTIPLE
     if self.length > max_len:
       raise ValueError(
           f"training turns need {self.length} tokens, more than the model's"
@@ -308,13 +346,19 @@ class _Batches:
     mask = np.zeros((b, t), np.int32)
     loss = np.zeros((b, t), np.int32)
     for row in range(b):
-      ex = self.rng.choice(self.examples)
+      i = self.rng.randrange(len(self.examples))
       position = self.rng.randrange(self.cfg.positions)
-      turn = training_turn(self.task, ex, position, self.cfg, self.rng)
-      ids, lm = encode(self.renderer, *turn)
+      if i in self.fixed:
+        ids, lm = self.fixed[i]
+      else:
+        turn = training_turn(
+            self.task, self.examples[i], position, self.cfg, self.rng
+        )
+        ids, lm = encode(self.renderer, *turn)
       if len(ids) > t:
         raise ValueError(
-            f"{ex.uid}: a training turn of {len(ids)} tokens exceeds {t}"
+            f"{self.examples[i].uid}: a training turn of {len(ids)} tokens"
+            f" exceeds {t}"
         )
       tokens[row, : len(ids)] = ids
       mask[row, : len(ids)] = 1
@@ -357,7 +401,18 @@ def train(
     params, opt_state, value = step(params, opt_state, tokens, mask, loss)
     pending.append(value)
     if len(pending) == 20 or i == cfg.steps - 1:  # fetch in blocks
-      losses += [float(v) for v in jax.device_get(pending)]
+      block = [float(v) for v in jax.device_get(pending)]
+      # A diverged model must not be saved as a finished base: stop here,
+      # before pretrain() writes anything.
+      bad = next((j for j, v in enumerate(block) if not np.isfinite(v)), None)
+      if bad is not None:
+        bar.close()
+        raise FloatingPointError(
+            f"pretrain diverged: loss {block[bad]} at step {len(losses) + bad}"
+            f" (pretrain.learning_rate={cfg.learning_rate}); lower the"
+            " learning rate or add warmup steps"
+        )
+      losses += block
       pending = []
       bar.set_postfix(loss=f"{losses[-1]:.3f}")
   bar.close()
@@ -410,7 +465,8 @@ def pretrain(
   """Builds the base checkpoint folder `out_dir` (module docstring).
 
   Returns the info dict also saved as out_dir/pretrain.json. Raises
-  FileExistsError if out_dir exists.
+  FileExistsError if out_dir exists, and FloatingPointError (writing
+  nothing) if the loss becomes NaN or infinite.
   """
   out_dir = pathlib.Path(out_dir)
   if out_dir.exists():

@@ -258,7 +258,9 @@ def _stage_rows(
   agent_rows = {}
   for j, s in steps.items():
     s.pop("agent")
-    s["delta"] = deltas[j]
+    # delta = inf (no trust region) is left out: metric rows are finite.
+    if math.isfinite(deltas[j]):
+      s["delta"] = deltas[j]
     agent_rows[j] = s
   return row, agent_rows
 

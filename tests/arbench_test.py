@@ -217,6 +217,34 @@ def test_lm_responder_in_the_detective_environment(tmp_path, tiny_lm):
   ]
 
 
+def test_lm_responder_cuts_old_exchanges_not_the_facts(tiny_lm):
+  lm = responder_lib.LMResponder(*tiny_lm, max_new_tokens=8, temperature=0.0)
+  facts, question = "SECRET: the butler did it.", "did the butler do it?"
+  history = [(f"question {i}?", "No.") for i in range(6)]
+
+  def rendered(kept):
+    messages = [{"role": "system", "content": facts}]
+    for q, a in kept:
+      messages += [
+          {"role": "user", "content": q},
+          {"role": "assistant", "content": a},
+      ]
+    messages.append({"role": "user", "content": question})
+    return models.render_chat(tiny_lm[2], messages)
+
+  # Room for the facts, the question and the last two exchanges only (one
+  # token short of three): the four oldest go, the system turn stays.
+  lm.max_prompt_tokens = len(rendered(history[3:])) - 1
+  ids = lm.prompt_ids(facts, question, history)
+  assert ids == rendered(history[4:])
+  assert tiny_lm[2].decode(ids).count(facts) == 1
+  lm.max_prompt_tokens = len(rendered([]))
+  assert lm.prompt_ids(facts, question, history) == rendered([])
+  lm.max_prompt_tokens = len(rendered([])) - 1
+  with pytest.raises(ValueError, match="facts .* and question .* alone"):
+    lm.prompt_ids(facts, question, history)
+
+
 def test_make_responder_and_registry(tmp_path):
   fake = responder_lib.ScriptedResponder(lambda f, q: "No")
   assert responder_lib.make_responder(fake) is fake

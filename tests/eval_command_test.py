@@ -136,3 +136,20 @@ def test_eval_rejects_a_missing_run_or_step(saved_team, tmp_path):
   done = _eval(f"--workdir={saved_team}", "--step=7")
   assert done.returncode != 0
   assert "no step 7" in done.stderr and "[0]" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--k=0", "--k=0: must be >= 1"),
+        ("--k=-5", "--k=-5: must be >= 1"),
+        ("--num_problems=-1", "--num_problems=-1: must be >= 0"),
+        ("--batch_size=0", "--batch_size=0: must be >= 1"),
+    ],
+)
+def test_eval_rejects_meaningless_counts(tmp_path, flag, message):
+  # Checked before the run directory is read (here: there is none).
+  done = _eval(f"--workdir={tmp_path / 'nope'}", flag)
+  assert done.returncode != 0
+  assert f"ValueError: {message}" in done.stderr
+  assert "no such directory" not in done.stderr

@@ -39,6 +39,23 @@ def test_atomic_write_replaces_whole_file(tmp_path):
   assert [p.name for p in path.parent.iterdir()] == ["x.json"]  # no temp left
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_atomic_write_json_refuses_non_finite_numbers(tmp_path, bad):
+  path = tmp_path / "x.json"
+  io_utils.atomic_write_json(path, {"k": 1})
+  with pytest.raises(ValueError, match=rf"\['a'\]\[1\]\['b'\] is {bad}"):
+    io_utils.atomic_write_json(path, {"a": [0, {"b": bad}]})
+  with pytest.raises(ValueError, match=rf"the value is {bad}"):
+    io_utils.atomic_write_json(path, bad)
+  # The old file stands, and no temporary file is left.
+  assert path.read_text() == '{\n  "k": 1\n}\n'
+  assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+  # A caller for which inf is a valid value asks for it.
+  io_utils.atomic_write_json(path, {"d": float("inf")}, allow_nan=True)
+  assert path.read_text() == '{\n  "d": Infinity\n}\n'
+  assert io_utils.read_json(path) == {"d": float("inf")}
+
+
 def test_append_jsonl_appends_whole_lines(tmp_path):
   path = tmp_path / "m.jsonl"
   for i in range(3):

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sat_jax import io_utils
 from sat_jax import metrics
 
 
@@ -41,3 +42,12 @@ def test_disabled_writer_writes_nothing(tmp_path):
   writer = metrics.MetricsWriter(tmp_path / "w", enabled=False)
   writer.write(0, {"a": 1.0})
   assert not (tmp_path / "w").exists()
+
+
+def test_config_with_no_trust_region_is_saved(tmp_path):
+  # delta = inf (no trust region) is a valid setting, unlike a metric.
+  writer = metrics.MetricsWriter(tmp_path, enabled=True)
+  writer.write_config({"sat": {"delta": float("inf")}, "seed": 3})
+  writer.close()
+  saved = io_utils.read_json(tmp_path / "config.json")
+  assert saved == {"sat": {"delta": float("inf")}, "seed": 3}

@@ -381,12 +381,156 @@ def test_pad_prompts():
 def test_prompt_plus_new_tokens_longer_than_context():
   config = _CONFIG.replace(max_seq_len=40)
   options = dataclasses.replace(_BASE, max_new_tokens=10)
-  tokens, mask = sampling.pad_prompts([[1] * 20], options)
-  with pytest.raises(sampling.SamplingError, match="exceeds max_seq_len 40"):
+  # 31 real tokens (width 32) + 10 = 41: the real length is what is named.
+  tokens, mask = sampling.pad_prompts([[2], [1] * 31], options)
+  with pytest.raises(
+      sampling.SamplingError,
+      match=(
+          r"prompt of 31 tokens \(row 1\) \+ max_new_tokens 10 = 41 exceeds"
+          " max_seq_len 40"
+      ),
+  ):
     sampling.sample(config, _params(), tokens, mask, options, jax.random.key(0))
+  full = dataclasses.replace(_BASE, max_new_tokens=40)
+  with pytest.raises(sampling.SamplingError, match="leaves no room"):
+    sampling.sample(config, _params(), tokens, mask, full, jax.random.key(0))
   bad = dataclasses.replace(_BASE, stop_token_ids=(512,))
   with pytest.raises(sampling.SamplingError, match="outside vocab_size 512"):
     sampling.sample(_CONFIG, _params(), tokens, mask, bad, jax.random.key(0))
+
+
+def test_a_prompt_that_fits_is_sampled_whatever_its_bucket(monkeypatch):
+  # 70 real tokens + 20 new = 90 <= max_seq_len 100, though pad_prompts
+  # gives a width of 128 (their bucket): the sampler takes the context's
+  # room, 100 - 20 = 80, as the width (a cache of 100 slots), and
+  # re-pads a wider input's real tokens to it.
+  config = _CONFIG.replace(max_seq_len=100)
+  options = sampling.SamplingOptions(max_new_tokens=20, temperature=0.0)
+  prompt = np.random.default_rng(0).integers(1, 500, 70).tolist()
+  slots = []
+  init_cache = models.transformer.init_cache
+
+  def recording_init_cache(config, batch, num_slots, dtype):
+    slots.append(num_slots)
+    return init_cache(config, batch, num_slots, dtype)
+
+  monkeypatch.setattr(models.transformer, "init_cache", recording_init_cache)
+  key, params = jax.random.key(0), _params()
+  tokens, mask = sampling.pad_prompts([prompt], options)
+  assert tokens.shape == (1, 128)
+  out = sampling.sample(config, params, tokens, mask, options, key)
+  assert slots == [100]
+  # The same prompt padded to the room by the caller, or right-padded to
+  # 128 on the device, or left-padded to 75 (its bucket, 128, too wide),
+  # samples exactly the same.
+  right = np.zeros((1, 128), np.int32)
+  right[0, :70] = prompt
+  others = [
+      sampling.pad_prompts([prompt], options, length=80),
+      jax.device_put((right, (right > 0).astype(np.int32))),
+      sampling.pad_prompts([prompt], options, length=75),
+  ]
+  for t, m in others:
+    again = sampling.sample(config, params, t, m, options, key)
+    np.testing.assert_array_equal(again.tokens_BxN, out.tokens_BxN)
+    np.testing.assert_array_equal(again.logprobs_BxN, out.logprobs_BxN)
+  assert slots == [100]  # one shape, one trace
+  # Greedy against one uncached forward over the 90 tokens.
+  full = np.asarray([prompt + out.tokens_BxN[0].tolist()])
+  logits = _forward(config, params, full, np.ones_like(full))[0, 69:-1]
+  np.testing.assert_array_equal(out.tokens_BxN[0], np.argmax(logits, -1))
+  logp = jax.nn.log_softmax(logits, -1)
+  np.testing.assert_allclose(
+      out.logprobs_BxN[0],
+      np.take_along_axis(logp, out.tokens_BxN[0][:, None], -1)[:, 0],
+      atol=1e-5,
+  )
+  assert out.lengths_B.tolist() == [20]
+
+
+def test_out_of_vocab_prompt_ids_are_named_and_padding_ids_ignored():
+  for prompts, message in (
+      ([[5, 600, 7], [1, 2]], "id 600 at row 0, position 14 is outside"),
+      ([[5, 2], [3, -3, 7]], "id -3 at row 1, position 14 is outside"),
+  ):
+    tokens, mask = sampling.pad_prompts(prompts, _BASE)
+    with pytest.raises(sampling.SamplingError, match=message):
+      sampling.sample(
+          _CONFIG, _params(), tokens, mask, _BASE, jax.random.key(0)
+      )
+  # Ids at padding (mask 0) are never looked up: a batch whose padding
+  # holds ids far outside the vocabulary samples exactly as with id 0 there
+  # (host arrays, and device arrays, which are not checked).
+  tokens, mask = _prompt_batch()
+  ref = sampling.sample(
+      _CONFIG, _params(), tokens, mask, _BASE, jax.random.key(3)
+  )
+  odd = np.where(mask > 0, tokens, 10**6).astype(np.int32)
+  for t, m in ((odd, mask), jax.device_put((odd, mask))):
+    out = sampling.sample(_CONFIG, _params(), t, m, _BASE, jax.random.key(3))
+    np.testing.assert_array_equal(out.tokens_BxN, ref.tokens_BxN)
+    np.testing.assert_array_equal(out.logprobs_BxN, ref.logprobs_BxN)
+  assert np.all(np.isfinite(ref.logprobs_BxN))
+
+
+def test_filler_rows_get_no_tokens_and_stop_no_loop(monkeypatch):
+  # The one real row stops at its first token, so the decode loop has
+  # nothing to do; filler rows (all-zero masks) must not keep it running.
+  # Decode steps are counted in the compiled loop (a max_new_tokens of its
+  # own traces afresh, with the counter in).
+  greedy = dataclasses.replace(_BASE, max_new_tokens=13, temperature=0.0)
+  tokens, mask = sampling.pad_prompts([[5, 17, 99]], greedy)
+  first = int(
+      sampling.sample(
+          _CONFIG, _params(), tokens, mask, greedy, jax.random.key(0)
+      ).tokens_BxN[0, 0]
+  )
+  steps = []
+  cached = models.transformer.hidden_states_cached
+
+  def counting(*args, prefill=False, **kwargs):
+    if not prefill:
+      jax.debug.callback(lambda: steps.append(1))
+    return cached(*args, prefill=prefill, **kwargs)
+
+  monkeypatch.setattr(models.transformer, "hidden_states_cached", counting)
+  options = dataclasses.replace(greedy, stop_token_ids=(first,), pad_token_id=7)
+  tokens, mask = sampling.pad_prompts([[5, 17, 99]], options, batch_size=3)
+  out = sampling.sample(
+      _CONFIG, _params(), tokens, mask, options, jax.random.key(0)
+  )
+  jax.effects_barrier()
+  assert not steps
+  assert out.lengths_B.tolist() == [1, 0, 0]
+  assert int(out.tokens_BxN[0, 0]) == first
+  np.testing.assert_array_equal(out.tokens_BxN[:, 1:], 7)
+  np.testing.assert_array_equal(out.tokens_BxN[1:], 7)
+  np.testing.assert_array_equal(out.mask_BxN[1:], 0)
+  np.testing.assert_array_equal(out.logprobs_BxN[1:], 0.0)
+  assert float(out.logprobs_BxN[0, 0]) < 0
+
+
+def test_a_block_start_rounded_up_never_draws_a_zero_probability_token():
+  # V = 192 in 3 blocks of 64. Token 0 (block 0) has mass a, token 65
+  # (block 1) mass 1, every other token 0: block 1's entry 0 (token 64)
+  # has probability 0. The block CDF is [a, fl(1 + a), fl(1 + a)], and
+  # block 1's start recomputed as fl(1 + a) - 1 = 2501 * 2**-23 lies above
+  # a = 2500.6 * 2**-23. A u in between picks block 1 (u >= a), with
+  # u - start < 0 inside it.
+  a = np.float32(2500.6 * 2.0**-23)
+  total = np.float32(1) + a
+  assert total - np.float32(1) == np.float32(2501 * 2.0**-23)
+  probs = np.zeros((1, 192), np.float32)
+  probs[0, 0], probs[0, 65] = a, 1.0
+  # Every uniform k * 2**-23 around the gap; the exact inverse CDF draws
+  # token 0 where u = fl(uniform * total) < a, else token 65.
+  uniforms = np.arange(2490, 2511, dtype=np.float32) * np.float32(2.0**-23)
+  u = uniforms * total
+  assert np.sum((u >= a) & (u < total - 1)) == 1  # k = 2500 falls in it
+  tokens = sampling._inverse_cdf(  # pylint: disable=protected-access
+      jnp.asarray(np.tile(probs, (len(uniforms), 1))), jnp.asarray(uniforms)
+  )
+  np.testing.assert_array_equal(tokens, np.where(u < a, 0, 65))
 
 
 @pytest.mark.parametrize(

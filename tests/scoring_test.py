@@ -646,3 +646,73 @@ def test_positions_are_checked():
         _TINY, shapes, _TINY, shapes, tokens, mask,
         positions_BxA=jnp.ones((3, 12), jnp.int32),
     )  # fmt: skip
+
+
+def test_padding_ids_outside_the_vocabulary_change_nothing():
+  # Ids at padding (mask 0) are arbitrary: ids outside [0, V) there give
+  # exactly the values and gradients of id 0, for every model-level
+  # wrapper, with and without positions, and those match the naive
+  # reference. (They used to gather NaN embeddings and targets, which
+  # reached every position through the masked keys' values: 0 * NaN.)
+  p_new = models.init_params(_TINY, jax.random.PRNGKey(3))
+  p_new = dict(p_new, embed=p_new["embed"] * 8)
+  p_old = models.init_params(_TINY, jax.random.PRNGKey(4))
+  tokens, mask = _tokens_and_mask(_TINY)
+  clean = jnp.where(mask > 0, tokens, 0)
+  _, positions = _selected_positions(mask)
+  weights = jax.random.normal(jax.random.PRNGKey(6), tokens.shape)
+  tau = 0.8
+
+  def all_values(p, tok, mask):
+    out = {}
+    for name, pos in (("", None), ("at ", positions)):
+      logp, ent = scoring.token_logprobs_and_entropy(
+          _TINY, p, tok, mask, tau, 4, positions_BxA=pos
+      )
+      out[name + "logp"] = logp
+      out[name + "entropy"] = ent
+      out[name + "kl"] = scoring.state_kl(
+          _TINY, p, _TINY, p_old, tok, mask, tau, 4, positions_BxA=pos
+      )
+      out[name + "fused logp"], out[name + "fused kl"] = (
+          scoring.token_logprobs_and_state_kl(
+              _TINY, p, p_old, tok, mask, tau, 4, positions_BxA=pos
+          )
+      )
+      out[name + "reference"] = scoring.kl_reference_hidden(
+          _TINY, p_old, tok, mask, positions_BxA=pos
+      )
+    return out
+
+  def loss(p, tok, mask):
+    out = all_values(p, tok, mask)
+    scored = [v for k, v in out.items() if "reference" not in k]
+    return sum(jnp.sum(weights * v) for v in scored), out
+
+  # The mask an argument, as in training: a constant one would let XLA
+  # fold the NaN * 0 at padding away.
+  run = jax.jit(jax.value_and_grad(loss, has_aux=True))
+  (_, ref), g_ref = run(p_new, clean, mask)
+  np.testing.assert_allclose(
+      ref["logp"],
+      _naive_model_logprobs(_TINY, p_new, clean, mask, tau),
+      atol=1e-5,
+  )
+  np.testing.assert_allclose(
+      ref["kl"],
+      _naive_model_kl(_TINY, p_new, _TINY, p_old, clean, mask, tau),
+      rtol=1e-4,
+      atol=1e-6,
+  )
+  for pad in (-1, _TINY.vocab_size, 10**6):
+    (_, got), g = run(p_new, jnp.where(mask > 0, tokens, pad), mask)
+    for name in ref:
+      np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+    jax.tree.map(np.testing.assert_array_equal, g, g_ref)
+    # Op by op too, where no compiler rewrites the 0 * NaN at padding.
+    eager = scoring.token_logprobs_and_state_kl(
+        _TINY, p_new, p_old, jnp.where(mask > 0, tokens, pad), mask, tau, 4
+    )
+    np.testing.assert_allclose(eager[0], ref["fused logp"], atol=1e-6)
+    np.testing.assert_allclose(eager[1], ref["fused kl"], atol=1e-6)
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(g_ref))

@@ -153,6 +153,60 @@ def test_multi_turn_tasks_train_every_assistant_turn(tmp_path, tokenizer):
   assert all(messages[i].speaker == 0 for i in train_on)
 
 
+def test_batch_length_fits_every_multi_turn_episode(tmp_path, tokenizer):
+  # guess_number's demonstration() is "Final answer: N" for every example;
+  # its training turn is the whole, variable-length episode.
+  from sat_jax.tasks import registry  # pylint: disable=g-import-not-at-top
+
+  guess = registry.get_task(
+      "guess_number", train_size=12, test_size=2, data_dir=tmp_path
+  )
+  examples = guess.load("train")
+  cfg = config_lib.PretrainConfig(batch_size=8)
+  renderer = sft.make_renderer(tokenizer, guess, team.ProtocolConfig())
+  turns = [
+      sft.encode(
+          renderer, *sft.training_turn(guess, ex, 0, cfg, random.Random(0))
+      )
+      for ex in examples
+  ]
+  longest = max(len(ids) for ids, _ in turns)
+  batches = sft._Batches(guess, examples, renderer, cfg, 4096)  # pylint: disable=protected-access
+  assert batches.length == -(-(longest + 8) // 16) * 16
+  # Every batch holds the encoded turns of the examples its rng draws.
+  rng = random.Random(f"sft/{cfg.seed}")
+  for _ in range(4):
+    tokens, mask, loss = batches.next()
+    for row in range(cfg.batch_size):
+      i = rng.randrange(len(examples))
+      rng.randrange(cfg.positions)
+      ids, lm = turns[i]
+      assert tokens[row, : len(ids)].tolist() == ids
+      assert loss[row, : len(ids)].tolist() == lm
+      assert mask[row].tolist() == [1] * len(ids) + [0] * (
+          batches.length - len(ids)
+      )
+
+
+def test_relay_batch_length_is_the_longest_encoded_turn(task, tokenizer):
+  cfg = config_lib.PretrainConfig(wrong_prob=0.0)
+  renderer = sft.make_renderer(tokenizer, task, team.ProtocolConfig())
+  examples = task.load("train")
+  longest = max(
+      len(
+          sft.encode(
+              renderer, *sft.training_turn(task, ex, p, cfg, random.Random(0))
+          )[0]
+      )
+      for ex in examples
+      for p in range(cfg.positions)
+  )
+  batches = sft._Batches(task, examples, renderer, cfg, 4096)  # pylint: disable=protected-access
+  assert batches.length == -(-(longest + 8) // 16) * 16
+  with pytest.raises(ValueError, match=f"need {batches.length} tokens.*64"):
+    sft._Batches(task, examples, renderer, cfg, 64)  # pylint: disable=protected-access
+
+
 def test_sft_loss_equals_a_direct_log_softmax(tokenizer):
   config = sft.model_config(
       config_lib.ModelShape(hidden_size=32, head_dim=8), tokenizer
@@ -228,3 +282,34 @@ def test_pretrain_failure_leaves_nothing(task, tmp_path, monkeypatch):
   with pytest.raises(RuntimeError, match="disk full"):
     sft.pretrain(cfg, task, tmp_path / "base")
   assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("bad_step, bad", [(3, "nan"), (22, "inf")])
+def test_diverged_pretrain_raises_and_writes_nothing(
+    task, tmp_path, monkeypatch, bad_step, bad
+):
+  def fake_step_factory(config, tx):
+    del config, tx
+    count = [0]
+
+    def step(params, opt_state, *batch):
+      del batch
+      value = float(bad) if count[0] == bad_step else 1.0 / (1 + count[0])
+      count[0] += 1
+      return params, opt_state, jnp.float32(value)
+
+    return step
+
+  monkeypatch.setattr(sft, "make_train_step", fake_step_factory)
+  cfg = config_lib.PretrainConfig(
+      model=config_lib.ModelShape(hidden_size=32, head_dim=8, mlp_dim=64),
+      steps=25,
+      batch_size=2,
+      eval_problems=0,
+  )
+  with pytest.raises(
+      FloatingPointError,
+      match=rf"loss {bad} at step {bad_step} \(pretrain.learning_rate=0.003\)",
+  ):
+    sft.pretrain(cfg, task, tmp_path / "base", num_agents=1)
+  assert not list(tmp_path.iterdir())  # no base, no temporary folders

@@ -219,3 +219,69 @@ def test_twenty_questions_bad_arguments():
     tq.TwentyQuestionsTask(num_items=8, num_attributes=1)
   with pytest.raises(ValueError, match="not in the table"):
     tq.TwentyQuestionsEnv(TABLE, "lamp", max_turns=3)
+
+
+def test_guess_number_argument_errors_name_the_value():
+  with pytest.raises(ValueError, match="feedback_style .*got 'verbose'"):
+    gn.GuessNumberTask(feedback_style="verbose")
+  with pytest.raises(ValueError, match="feedback_style .*got 'verbose'"):
+    gn.ArBenchGNTask("unused", feedback_style="verbose")
+  # A float count used to pass the range check and fail later in
+  # random.sample with a bare TypeError.
+  with pytest.raises(ValueError, match="num_digits must be an int .*got 4.0"):
+    gn.GuessNumberTask(num_digits=4.0)
+  with pytest.raises(ValueError, match="max_turns must be an int .*got '5'"):
+    gn.GuessNumberTask(max_turns="5")
+
+
+def test_twenty_questions_argument_errors_name_the_value():
+  with pytest.raises(ValueError, match="num_items must be an int .*got '6'"):
+    tq.TwentyQuestionsTask(num_items="6")
+  with pytest.raises(ValueError, match="num_attributes .*got 2.0"):
+    tq.TwentyQuestionsTask(num_attributes=2.0)
+  with pytest.raises(ValueError, match="max_turns must be an int .*got 0"):
+    tq.TwentyQuestionsTask(max_turns=0)
+
+
+def test_bracketed_final_answer_is_read():
+  # The prompt and the env's own hint show "Final answer: [item]".
+  assert tq.TwentyQuestionsEnv.final_hint == "Final answer: [item]"
+  assert tq.extract_final("Final answer: [cup]") == "cup"
+  assert tq.extract_final("Final answer: [ the Cup ]") == "cup"
+  assert tq.extract_final("Final answer: a cup") == "cup"
+  env = tq.TwentyQuestionsEnv(TABLE, "cup", max_turns=2)
+  r = env.step("Final answer: [cup]")
+  assert (r.text, r.done) == ("Correct.", True)
+  assert env.verdict() == base.Verdict(1.0, True, "cup")
+  env = tq.TwentyQuestionsEnv(TABLE, "cup", max_turns=1)
+  assert env.step("Is it red?").text.startswith("Yes. No questions left")
+  assert env.step("Final answer: [key]").text == "Wrong."
+  assert env.verdict() == base.Verdict(0.0, False, "key", "wrong item")
+  task = tq.TwentyQuestionsTask(train_size=1, test_size=1, data_dir="unused")
+  ex = base.Example("u", "", {"table": [], "hidden": "cup"}, {})
+  assert base.score_text(task, ex, "Final answer: [cup]") == base.Verdict(
+      1.0, True, "cup"
+  )
+
+
+def test_decimal_thresholds_are_compared_exactly():
+  assert tq.last_question("Is its weight < 3.5?") == ("num", "weight", "<", 3.5)
+  assert tq.last_question("Is its weight > 3?") == ("num", "weight", ">", 3)
+  # The hidden cup weighs 3: a threshold between integers must not be read
+  # as its integer part.
+  asks = {
+      "Is its weight < 3.5?": "Yes.",
+      "Is its weight > 3.5?": "No.",
+      "Is its weight = 3.5?": "No.",
+      "Is its weight >= 3.5?": "No.",
+      "Is its weight <= 3.5?": "Yes.",
+      "Is its weight > 2.5?": "Yes.",
+      "Is its weight < 2.5?": "No.",
+      "Is its weight <= 2.5?": "No.",
+      "Is its weight = 3.0?": "Yes.",
+      "Is its weight > 3?": "No.",
+      "Is its weight >= 3?": "Yes.",
+  }
+  for question, reply in asks.items():
+    env = tq.TwentyQuestionsEnv(TABLE, "cup", max_turns=20)
+    assert env.step(question).text == reply, question

@@ -227,3 +227,18 @@ def test_bad_arguments_and_exhaustion(tmp_path):
 def test_registered():
   task = registry.get_task("blocksworld", num_blocks=3, data_dir="/nonexistent")
   assert isinstance(task, bw.BlocksworldTask)
+
+
+def test_argument_errors_name_the_parameter_and_value():
+  # A string or float count used to fail with a bare TypeError (in the range
+  # comparison, or later slicing the block names).
+  with pytest.raises(ValueError, match="num_blocks must be an int .*got '4'"):
+    bw.BlocksworldTask(num_blocks="4")
+  with pytest.raises(ValueError, match="num_blocks must be an int .*got 4.5"):
+    bw.BlocksworldTask(num_blocks=4.5)
+  with pytest.raises(ValueError, match="min_steps must be an int .*got 1.5"):
+    bw.BlocksworldTask(min_steps=1.5)
+  with pytest.raises(ValueError, match="max_steps must be an int .*got '3'"):
+    bw.BlocksworldTask(max_steps="3")
+  with pytest.raises(ValueError, match="max_steps=3 is below min_steps=5"):
+    bw.BlocksworldTask(min_steps=5, max_steps=3)

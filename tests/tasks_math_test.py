@@ -8,6 +8,7 @@ import pytest
 from sat_jax.tasks import arithmetic
 from sat_jax.tasks import base
 from sat_jax.tasks import countdown
+from sat_jax.tasks import datasets
 from sat_jax.tasks import registry
 
 
@@ -123,7 +124,8 @@ def test_bad_parameters_and_exhausted_space(tmp_path):
     arithmetic.ArithmeticTask(operations=("/",))
   with pytest.raises(ValueError, match="test_fraction"):
     arithmetic.ArithmeticTask(test_fraction=1.0)
-  # One-digit sums: 100 problems in all, about 20 of them in test.
+  # One-digit sums: 55 problems in all (a+b and b+a are one), about 11 of
+  # them in test.
   task = arithmetic.ArithmeticTask(
       digits=1, train_size=10, test_size=50, data_dir=tmp_path
   )
@@ -131,6 +133,88 @@ def test_bad_parameters_and_exhausted_space(tmp_path):
     task.load("test")
   with pytest.raises(ValueError, match="unknown split"):
     task.load("dev")
+
+
+class _FixedRng:
+  """Draws the given operands and operation, in order."""
+
+  def __init__(self, a, b, op):
+    self.ints, self.op = iter((a, b)), op
+
+  def randint(self, lo, hi):
+    del lo, hi
+    return next(self.ints)
+
+  def choice(self, seq):
+    assert self.op in seq
+    return self.op
+
+
+def test_commutative_problems_are_keyed_order_free():
+  task = arithmetic.ArithmeticTask(
+      digits=2, operations=("+", "-", "*"), data_dir="unused"
+  )
+  drawn = {
+      (77, 49, "+"): ("49+77", "Compute 77+49.", "126"),
+      (49, 77, "+"): ("49+77", "Compute 49+77.", "126"),
+      (63, 14, "*"): ("14*63", "Compute 63*14.", "882"),
+      (49, 77, "-"): ("77-49", "Compute 77-49.", "28"),  # a >= b: not commuted
+  }
+  for (a, b, op), (key, prompt, target) in drawn.items():
+    got_key, record = task._draw(_FixedRng(a, b, op))
+    assert (got_key, record["prompt"], record["target"]) == (
+        key,
+        prompt,
+        target,
+    )
+    assert task._uid(got_key, 1) == f"arithmetic/{key}"
+
+
+@pytest.mark.parametrize("ops", [("+",), ("*",), ("+", "-", "*")])
+def test_no_test_problem_is_in_train_commuted(ops):
+  # The demo's size. Keyed by the drawn order, 27 of the 200 two-digit sums
+  # in test had their commuted form in train.
+  task = arithmetic.ArithmeticTask(
+      digits=2, operations=ops, train_size=2000, test_size=200,
+      data_dir="unused",
+  )  # fmt: skip
+
+  def forms(records):
+    out = []
+    for r in records:
+      a, b, op = r["meta"]["a"], r["meta"]["b"], r["meta"]["op"]
+      assert r["prompt"] == f"Compute {a}{op}{b}."
+      out.append((min(a, b), op, max(a, b)) if op in "+*" else (a, op, b))
+    return out
+
+  train = forms(task.records("train", 2000))
+  test = forms(task.records("test", 200))
+  assert not set(train) & set(test)
+  # Nor is b+a a second copy of a+b within a split.
+  assert (len(set(train)), len(set(test))) == (2000, 200)
+
+
+def test_data_stored_under_the_old_split_is_not_read_back(tmp_path):
+  # Data stored before the order-free key, under the config it was keyed
+  # by then; loading must make the new split, not return these records.
+  stale_config = {
+      "digits": 2, "operations": ["+"], "seed": 0, "test_fraction": 0.2,
+  }  # fmt: skip
+  sizes = {"train": 3, "test": 2}
+
+  def stale(split, count):
+    return [
+        {"uid": f"stale-{split}-{i}", "prompt": "old", "target": "0"}
+        for i in range(count)
+    ]
+
+  datasets.prepare("arithmetic", stale, sizes, tmp_path, stale_config)
+  task = arithmetic.ArithmeticTask(
+      digits=2, train_size=3, test_size=2, data_dir=tmp_path
+  )
+  for split, count in sizes.items():
+    uids = [e.uid for e in task.load(split)]
+    assert uids == [r["uid"] for r in task.records(split, count)]
 
 
 # -------------------------------------------------------------- countdown

@@ -72,6 +72,25 @@ def test_sequential_climbing_game():
   assert game.exact_return(best) == pytest.approx(11.0, abs=1e-12)
 
 
+def test_init_state_must_be_a_state_id_in_range():
+  # Reward 1 only from state 2, so J(uniform) names the starting state.
+  reward = np.zeros((1, 3, 2))
+  reward[0, 2] = 1.0
+  transition = np.zeros((1, 3, 2), int)
+  for init, value in ((0, 0.0), (2, 1.0)):
+    game = toy.sequential_game(transition, reward, (0,), init_state=init)
+    np.testing.assert_array_equal(game.init, np.eye(3)[init])
+    assert game.exact_return(game.init_params()) == value
+  # -1 once started in state 2 (numpy's negative index), 3 was a bare
+  # IndexError and 1.5 was truncated to state 1.
+  for init in (-1, 3, 1.5):
+    with pytest.raises(
+        ValueError,
+        match=rf"init_state={init}: a state id must be an integer in \[0, 3\)",
+    ):
+      toy.sequential_game(transition, reward, (0,), init_state=init)
+
+
 @pytest.mark.parametrize(
     "make", [toy.climbing_game, toy.sequential_climbing_game]
 )

@@ -12,10 +12,12 @@ import sys
 
 import numpy as np
 import pytest
+from scipy import optimize
 from scipy import stats
 
 from sat_jax import toy
 from sat_jax.toy import exact
+from sat_jax.toy import games
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(_REPO / "experiments"))
@@ -76,6 +78,79 @@ def test_reuse_matches_resample_within_truncation_bias():
   for r in rows:
     assert abs(r["gap"]) <= r["truncation_bias"]
   assert gaps[0] > gaps[1] > gaps[2]
+
+
+def test_kl_step_hits_delta_and_rejects_unreachable_targets():
+  logits = np.log([0.9, 0.1])
+  # Reachable: two actions, so the step is t = logit(q) - logit(0.9) for the
+  # q with KL((q, 1 - q) || (0.9, 0.1)) = 0.05, found here independently.
+  q = optimize.brentq(
+      lambda q: q * np.log(q / 0.9) + (1 - q) * np.log((1 - q) / 0.1) - 0.05,
+      0.9,
+      1 - 1e-12,
+      xtol=1e-15,
+  )
+  t = np.log(q / (1 - q)) - np.log(9.0)
+  np.testing.assert_allclose(
+      exact.kl_step(logits, np.array([1.0, 0.0]), 0.05),
+      logits + t * np.array([1.0, 0.0]),
+      rtol=1e-10,
+  )
+  # Along (1, 0) the KL only tends to -log 0.9 = 0.1053605...: once this
+  # returned logits + 743 * direction, with KL 0.105 instead of 0.2.
+  with pytest.raises(
+      ValueError, match=r"delta=0.2 is not reachable .* below 0.105361 "
+  ):
+    exact.kl_step(logits, np.array([1.0, 0.0]), 0.2)
+  # A zero (or constant) direction reaches no KL at all: once NaN logits.
+  for direction in ([0.0, 0.0], [3.0, 3.0]):
+    with pytest.raises(ValueError, match=r"delta=0.01 .* below 0 "):
+      exact.kl_step(logits, np.array(direction), 0.01)
+  # ... which is where a stationary point puts reuse_vs_resample: uniform
+  # play of the 2x2 coordination game has dJ = 0 (once all four were NaN).
+  with pytest.raises(ValueError, match="delta=0.01 is not reachable"):
+    exact.reuse_vs_resample(
+        toy.coordination_game(2), [np.zeros((1, 2))] * 2, 0.01, 2
+    )
+  # A tiny direction still gets its step (t ~ 3e59) ...
+  new = games.softmax(exact.kl_step(np.zeros(2), np.array([1e-60, 0.0]), 0.01))
+  assert np.sum(new * np.log(2 * new)) == pytest.approx(0.01, rel=1e-9)
+  # ... but one that needs t beyond 2**1023 stops there, where the doubling
+  # once ran t to inf and returned NaN.
+  with pytest.raises(ValueError, match=r"by step t = 2\*\*1023"):
+    exact.kl_step(np.zeros(2), np.array([1e-310, 0.0]), 0.01)
+  with pytest.raises(ValueError, match="delta must be a finite KL > 0"):
+    exact.kl_step(logits, np.array([1.0, 0.0]), -0.1)
+
+
+def test_joint_table_header_counts_the_seeds_it_ran():
+  joint = {"mean_J_per_stage": [0.5], "decrease_rate": 0.0, "min_J": 0.5}
+  res = {
+      "quick": True,
+      "seeds": [0, 1],
+      "stages": 4,
+      "wall_seconds": 0.0,
+      "monotonic_and_certificate": {},
+      "certificate_vs_batch": [],
+      "joint_vs_sat": {
+          "setting": "s",
+          "joint": joint,
+          "sat_reuse": joint,
+          "sat_resample": joint,
+      },
+      "reuse_vs_resample": [],
+      "orders": {},
+      "violation_sweep": {},
+  }
+  headers = [
+      line
+      for line in toy_teams.render_markdown(res).splitlines()
+      if line.startswith("| method |")
+  ]
+  # --quick runs two seeds; the header once said 5 whatever ran.
+  assert headers == [
+      "| method | mean J per stage (2 seeds) | P(dJ < 0) | min J |"
+  ]
 
 
 def test_orders_reach_the_same_final_J():

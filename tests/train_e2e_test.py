@@ -22,6 +22,7 @@ from sat_jax import models
 from sat_jax import testing
 from sat_jax import train
 from sat_jax.core import config as core_config
+from sat_jax.core import stage as stage_lib
 from sat_jax.tasks import base
 from sat_jax.tasks import registry
 
@@ -130,6 +131,32 @@ def final_params(workdir: pathlib.Path, config, mesh=None):
     )
     ckpt.close()
   return jax.device_get([s.params for s in state]), cursor
+
+
+def test_rows_of_a_stage_without_a_trust_region_are_written(tmp_path):
+  # delta = inf (no trust region) is valid; metric rows must stay finite.
+  steps = (
+      {"agent": 0, "accepted": True, "tries": 1},  # unmonitored: no KL
+      {"agent": 1, "accepted": True, "kl_quantile": 0.02, "tries": 1},
+  )
+  record = stage_lib.StageRecord((0, 1), steps, None, 0.5)
+  result = train.team_lib.RolloutResult(None, (), {"rollout_s": 1.0})
+  _, agent_rows = train._stage_rows(record, [result], [float("inf"), 0.05])  # pylint: disable=protected-access
+  writer = metrics_lib.MetricsWriter(tmp_path, enabled=True)
+  for j, row in sorted(agent_rows.items()):
+    writer.write(1, row, kind=f"agent{j}")
+  writer.close()
+  assert metrics_lib.read_metrics(tmp_path / "metrics.jsonl") == [
+      {"step": 1, "kind": "agent0", "accepted": True, "tries": 1},
+      {
+          "step": 1,
+          "kind": "agent1",
+          "accepted": True,
+          "kl_quantile": 0.02,
+          "tries": 1,
+          "delta": 0.05,
+      },
+  ]
 
 
 def test_two_stages_write_every_output(tmp_path, tiny_model):

@@ -71,9 +71,29 @@ def parse_kwargs(items: Sequence[str]) -> dict[str, Any]:
   return out
 
 
+def check_counts(
+    k: int | None, num_problems: int, batch_size: int | None
+) -> None:
+  """Rejects --k, --num_problems and --batch_size values that mean nothing.
+
+  Checked before anything runs, so that a bad value is an error rather than
+  quietly replaced by a default or, for --num_problems, taken as a count
+  from the end of the split.
+  """
+  if k is not None and k < 1:
+    raise ValueError(f"--k={k}: must be >= 1 (leave it out for the paper K)")
+  if num_problems < 0:
+    raise ValueError(f"--num_problems={num_problems}: must be >= 0 (0: all)")
+  if batch_size is not None and batch_size < 1:
+    raise ValueError(
+        f"--batch_size={batch_size}: must be >= 1 (leave it out for the run's)"
+    )
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
+  check_counts(_K.value, _NUM_PROBLEMS.value, _BATCH_SIZE.value)
   workdir = pathlib.Path(_WORKDIR.value).absolute()
   config = train.load_run_config(workdir)
   run_task = registry.get_task(config.task.name, **config.task.kwargs)
@@ -83,10 +103,13 @@ def main(argv: Sequence[str]) -> None:
   else:
     kwargs, task_name = parse_kwargs(_TASK_KWARGS.value), _TASK.value
   task = registry.get_task(task_name, **kwargs)
-  try:
-    k = runner.default_k(task_name, _K.value)
-  except ValueError:
-    k = config.eval.k  # a task without a paper K (e.g. the synthetic ones)
+  if _K.value is not None:
+    k = _K.value  # checked above
+  else:
+    try:
+      k = runner.default_k(task_name)
+    except ValueError:  # no paper K (e.g. the synthetic tasks): the run's k
+      k = config.eval.k
   overrides = {
       name: value
       for name, value in (
@@ -105,7 +128,11 @@ def main(argv: Sequence[str]) -> None:
           if _TEMPERATURE.value is None
           else _TEMPERATURE.value
       ),
-      batch_size=_BATCH_SIZE.value or config.eval.batch_size,
+      batch_size=(
+          config.eval.batch_size
+          if _BATCH_SIZE.value is None
+          else _BATCH_SIZE.value
+      ),
   )
   config = dataclasses.replace(config, eval=eval_cfg)
   examples = list(task.load(_SPLIT.value))

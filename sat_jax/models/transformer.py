@@ -148,7 +148,13 @@ def default_positions(mask_BxT: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=1) - 1, 0)
 
 
-def _embed(params: PyTree, tokens_BxT: jax.Array) -> jax.Array:
+def _embed(
+    params: PyTree, tokens_BxT: jax.Array, mask_BxT: jax.Array
+) -> jax.Array:
+  # Padding ids are arbitrary: one outside the table would gather NaN, which
+  # reaches every real position through the masked keys' values (0 * NaN).
+  # Padding embeds id 0 instead; its outputs are meaningless anyway.
+  tokens_BxT = jnp.where(mask_BxT > 0, tokens_BxT, 0)
   # Gather the (FSDP/TP-sharded) table first, as FSDP does for any weight:
   # the partitioner cannot turn a sharded-table gather into batch-sharded
   # rows without replicating it anyway.
@@ -190,7 +196,9 @@ def hidden_states(
 
   if remat:
     body = jax.checkpoint(body)
-  x, _ = jax.lax.scan(body, _embed(params, tokens_BxT), params["layers"])
+  x, _ = jax.lax.scan(
+      body, _embed(params, tokens_BxT, mask_BxT), params["layers"]
+  )
   return layers.rms_norm(x, params["final_norm"], config.rms_norm_eps)
 
 
@@ -376,7 +384,7 @@ def hidden_states_cached(
     ).astype(q.dtype)
     return layers.attn_out_and_mlp(config, lp, x, attn)
 
-  x = _embed(params, tokens_BxT)
+  x = _embed(params, tokens_BxT, mask_BxT)
   if isinstance(params["layers"], (list, tuple)):
     split = cache.split_layers()
     kts, vs = list(split.kt_LxBxKxHdxS), list(split.v_LxBxKxSxHd)

@@ -76,6 +76,8 @@ _OPS = {
     "*": (lambda a, b: a * b, worked_product),
 }
 
+_COMMUTATIVE = frozenset("+*")
+
 
 @registry.register("arithmetic")
 class ArithmeticTask(synthetic.SampledTask):
@@ -110,7 +112,14 @@ class ArithmeticTask(synthetic.SampledTask):
     super().__init__(**kwargs)
 
   def generator_config(self) -> dict[str, Any]:
-    return {"digits": self.digits, "operations": list(self.operations)}
+    # The config keys the stored data. Version 2 keys + and * order-free,
+    # which moved problems between the splits: data stored by version 1 (no
+    # "version") must not be read back as if it were split the new way.
+    return {
+        "digits": self.digits,
+        "operations": list(self.operations),
+        "version": 2,
+    }
 
   def _draw(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
     lo = 0 if self.digits == 1 else 10 ** (self.digits - 1)
@@ -119,9 +128,14 @@ class ArithmeticTask(synthetic.SampledTask):
     op = rng.choice(self.operations)
     if op == "-" and a < b:
       a, b = b, a
-    key = f"{a}{op}{b}"
+    # a+b and b+a are one problem (the same answer from the same operands):
+    # were they keyed apart, one could land in train and the other in test.
+    # So the key that splits, dedupes and names them is order-free; the
+    # prompt keeps the drawn order.
+    x, y = (min(a, b), max(a, b)) if op in _COMMUTATIVE else (a, b)
+    key = f"{x}{op}{y}"
     record = {
-        "prompt": f"Compute {key}.",
+        "prompt": f"Compute {a}{op}{b}.",
         "target": str(_OPS[op][0](a, b)),
         "meta": {"a": a, "b": b, "op": op},
     }

@@ -251,12 +251,14 @@ class BlocksworldTask(synthetic.SampledTask):
       test_size: int = 100,
       **kwargs,
   ):
-    if not 2 <= num_blocks <= MAX_BLOCKS:
-      raise ValueError(f"num_blocks must be in [2, {MAX_BLOCKS}]: {num_blocks}")
-    if min_steps < 1 or (max_steps is not None and max_steps < min_steps):
-      raise ValueError(
-          f"need 1 <= min_steps <= max_steps: {min_steps}, {max_steps}"
-      )
+    synthetic.check_int("blocksworld", "num_blocks", num_blocks, 2, MAX_BLOCKS)
+    synthetic.check_int("blocksworld", "min_steps", min_steps, 1)
+    if max_steps is not None:
+      synthetic.check_int("blocksworld", "max_steps", max_steps, 1)
+      if max_steps < min_steps:
+        raise ValueError(
+            f"blocksworld: max_steps={max_steps} is below min_steps={min_steps}"
+        )
     self.names = COLORS[:num_blocks]
     self.min_steps, self.max_steps = min_steps, max_steps
     super().__init__(test_size=test_size, **kwargs)

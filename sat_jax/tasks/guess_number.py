@@ -46,6 +46,13 @@ STYLES = ("arbench", "compact")
 ASK_FORMAT = "Your output does not follow this format: Guess: [number]."
 
 
+def _check_style(task: str, style: Any) -> None:
+  if style not in STYLES:
+    raise ValueError(
+        f"{task}: feedback_style must be one of {STYLES}, got {style!r}"
+    )
+
+
 def feedback(target: str, guess: str) -> tuple[int, int]:
   """(x, y) of AR-Bench's rule: x in place, y present elsewhere."""
   if len(target) != len(guess):
@@ -238,12 +245,9 @@ class GuessNumberTask(_GuessNumberTask, synthetic.SyntheticTask):
       train_size: int = 2000,
       **kwargs,
   ):
-    if not 2 <= num_digits <= 6:
-      raise ValueError(f"num_digits must be in [2, 6], got {num_digits}")
-    if feedback_style not in STYLES:
-      raise ValueError(f"feedback_style must be one of {STYLES}")
-    if max_turns < 1:
-      raise ValueError(f"guess_number: max_turns must be >= 1, got {max_turns}")
+    synthetic.check_int("guess_number", "num_digits", num_digits, 2, 6)
+    synthetic.check_int("guess_number", "max_turns", max_turns, 1)
+    _check_style("guess_number", feedback_style)
     self.num_digits, self.max_turns = num_digits, max_turns
     self.style = feedback_style
     super().__init__(train_size=train_size, **kwargs)
@@ -281,8 +285,8 @@ class ArBenchGNTask(_GuessNumberTask):
       max_turns: int = 25,
       feedback_style: str = "arbench",
   ):
-    if feedback_style not in STYLES:
-      raise ValueError(f"feedback_style must be one of {STYLES}")
+    synthetic.check_int("arbench_gn", "max_turns", max_turns, 1)
+    _check_style("arbench_gn", feedback_style)
     self.path = files.find_file(path, ("data/gn/test.json", "gn/test.json"))
     self.max_turns, self.style = max_turns, feedback_style
 

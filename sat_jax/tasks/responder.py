@@ -15,7 +15,8 @@ the earlier exchanges with the same responder.
   call; for tests and rule-based oracles.
 - `LMResponder(config, params, tokenizer)`: a sat_jax model. The messages
   [system: facts, (user: q, assistant: a)..., user: question] are rendered
-  with the tokenizer's chat template, sampled with `sat_jax.sampling.sample`,
+  with the tokenizer's chat template (the oldest (q, a) pairs dropped when
+  too long; the facts never), sampled with `sat_jax.sampling.sample`,
   and the reply is the decoded text up to the stop token. Plug in your own
   model from a local Hugging Face checkpoint folder with
   `LMResponder.from_checkpoint("/path/to/Qwen2.5-7B-Instruct")`, or pass that
@@ -114,23 +115,43 @@ class LMResponder(Responder):
   def prompt_ids(
       self, facts: str, question: str, history: History
   ) -> list[int]:
-    """Chat-rendered ids; the oldest tokens are cut if there are too many."""
-    messages = [{"role": "system", "content": facts}]
-    for q, a in history:
-      messages += [
-          {"role": "user", "content": q},
-          {"role": "assistant", "content": a},
-      ]
-    messages.append({"role": "user", "content": question})
-    ids = models.render_chat(self.tokenizer, messages)
-    if len(ids) > self.max_prompt_tokens:
-      logging.warning(
-          "responder prompt of %d tokens cut to its last %d",
-          len(ids),
-          self.max_prompt_tokens,
-      )
-      ids = ids[-self.max_prompt_tokens :]
-    return ids
+    """Chat-rendered ids, cut to `max_prompt_tokens` by whole exchanges.
+
+    The system turn holds the facts the responder must answer from and the
+    last user turn the question, so neither is ever cut: the oldest
+    (question, answer) pairs of `history` are dropped until the prompt fits.
+    Raises ValueError if the facts and the question alone do not fit.
+    """
+
+    def render(kept: History) -> list[int]:
+      messages = [{"role": "system", "content": facts}]
+      for q, a in kept:
+        messages += [
+            {"role": "user", "content": q},
+            {"role": "assistant", "content": a},
+        ]
+      messages.append({"role": "user", "content": question})
+      return models.render_chat(self.tokenizer, messages)
+
+    history = list(history)
+    for start in range(len(history) + 1):
+      ids = render(history[start:])
+      if len(ids) <= self.max_prompt_tokens:
+        if start:
+          logging.warning(
+              "responder prompt cut to %d tokens by dropping its %d oldest"
+              " of %d exchanges",
+              len(ids),
+              start,
+              len(history),
+          )
+        return ids
+    raise ValueError(
+        f"the responder's facts ({len(facts)} chars) and question"
+        f" ({len(question)} chars) alone render to {len(ids)} tokens, more"
+        f" than max_prompt_tokens={self.max_prompt_tokens} (what max_seq_len"
+        " leaves after max_new_tokens); shorten them or lower max_new_tokens"
+    )
 
   def reply(self, facts: str, question: str, history: History = ()) -> str:
     ids = self.prompt_ids(facts, question, history)

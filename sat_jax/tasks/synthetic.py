@@ -36,6 +36,22 @@ def default_data_dir() -> pathlib.Path:
   return pathlib.Path(env or "~/.cache/sat_jax/tasks").expanduser()
 
 
+def check_int(
+    task: str, field: str, value: Any, lo: int, hi: int | None = None
+) -> None:
+  """Raises a ValueError naming `field` unless `value` is an int in [lo, hi].
+
+  A float or string would otherwise pass a range check (or fail one with a
+  bare TypeError) and break later, far from the argument that caused it; a
+  bool is refused as it is not a count.
+  """
+  ok = isinstance(value, int) and not isinstance(value, bool)
+  if ok and value >= lo and (hi is None or value <= hi):
+    return
+  wanted = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+  raise ValueError(f"{task}: {field} must be an int {wanted}, got {value!r}")
+
+
 class SyntheticTask(base.Task, abc.ABC):
   """Seeded, stored, hash-split problems of one generator configuration.
 

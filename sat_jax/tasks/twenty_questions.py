@@ -6,13 +6,14 @@ form the oracle answers exactly from the hidden item's row:
 
   "Is it red?" / "Is it round?" / "Is it wood?"   a categorical value
   "Is its weight > 3?"  (also <, =, >=, <=)       a numeric comparison
+                                                  (3.5 too: compared exactly)
   "Is it cup?"                                    a guess of one item
 
 The last such question in a message is answered "Yes." or "No."; a message
 with none gets a reminder of the forms. Either way it uses a turn. "Final
-answer: cup" ends the episode; after `max_turns` questions the oracle asks for
-the final answer and the next message ends it. Correct iff the final answer
-names the hidden item (reward 1, else 0).
+answer: cup" (or "[cup]") ends the episode; after `max_turns` questions the
+oracle asks for the final answer and the next message ends it. Correct iff
+the final answer names the hidden item (reward 1, else 0).
 
 Values of different attributes are disjoint words, so a value names its
 attribute. A value of an attribute in play that no item has is answered "No."
@@ -48,19 +49,31 @@ FORMS = (
     "I can only answer: 'Is it <value>?', 'Is its weight > <number>?' "
     "(or <, =) or 'Is it <item>?'."
 )
-_NUMERIC_Q = r"is its (\w+)\s*(>=|<=|>|<|=)\s*(\d+)"
+# The threshold may be a decimal ("> 3.5"): reading only its integer part
+# would answer a different question than the one asked.
+_NUMERIC_Q = r"is its (\w+)\s*(>=|<=|>|<|=)\s*(-?(?:\d+(?:\.\d+)?|\.\d+))"
 _WORD_Q = r"is it (?:an? |made of )?(\w+)\s*\?"
-_FINAL = r"final answer\s*:\s*(?:the |an? )?(\w+)"
+# The prompt and the final hint show the form "Final answer: [item]", so a
+# bracketed name is read as well as a bare one.
+_FINAL = r"final answer\s*:\s*\[?\s*(?:the |an? )?(\w+)\s*\]?"
 _OPS = {
     ">": lambda a, b: a > b, "<": lambda a, b: a < b, "=": lambda a, b: a == b,
     ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b,
 }  # fmt: skip
 
 
+def _number(text: str) -> int | float:
+  """An int when `text` is one (so "3" keeps reading as 3), else a float."""
+  try:
+    return int(text)
+  except ValueError:
+    return float(text)
+
+
 def last_question(text: str) -> tuple | None:
   """("num", attr, op, value) or ("word", w) of the last question in `text`."""
   found = [
-      (m.start(), ("num", m[1].lower(), m[2], int(m[3])))
+      (m.start(), ("num", m[1].lower(), m[2], _number(m[3])))
       for m in re.finditer(_NUMERIC_Q, text, re.IGNORECASE)
   ]
   found += [
@@ -183,16 +196,12 @@ class TwentyQuestionsTask(synthetic.SampledTask):
       train_size: int = 2000,
       **kwargs,
   ):
-    if not 2 <= num_items <= len(NAMES):
-      raise ValueError(f"num_items must be in [2, {len(NAMES)}]: {num_items}")
-    if not 1 <= num_attributes <= len(ATTRIBUTES):
-      raise ValueError(
-          f"num_attributes must be in [1, {len(ATTRIBUTES)}]: {num_attributes}"
-      )
-    if max_turns < 1:
-      raise ValueError(
-          f"twenty_questions: max_turns must be >= 1, got {max_turns}"
-      )
+    for field, value, lo, hi in (
+        ("num_items", num_items, 2, len(NAMES)),
+        ("num_attributes", num_attributes, 1, len(ATTRIBUTES)),
+        ("max_turns", max_turns, 1, None),
+    ):
+      synthetic.check_int("twenty_questions", field, value, lo, hi)
     self.attributes = ATTRIBUTES[:num_attributes]
     distinct = 1
     for attr in self.attributes:

@@ -31,18 +31,55 @@ def _probs(logits) -> np.ndarray:
   return games.softmax(np.asarray(logits, np.float64)[0])
 
 
+# Doublings of the step bracket before kl_step gives up: 2**1023 is the
+# largest finite power of two, so a tiny (1e-60) but reachable direction
+# still gets its step, and one more doubling would only overflow t to inf
+# (and the step to NaN).
+_MAX_DOUBLINGS = 1023
+
+
 def kl_step(logits, direction, delta: float) -> np.ndarray:
-  """logits + t * direction with KL(new || old) = delta (bisection on t)."""
+  """logits + t * direction with KL(new || old) = delta (bisection on t).
+
+  KL(softmax(logits + t d) || old) rises monotonically in t >= 0 (its
+  derivative is t Var_new(d)) towards -log old(argmax d), old(argmax d)
+  being the mass the old policy puts on d's maximal actions. A delta at or
+  beyond that limit (or any delta > 0 along a constant direction, whose
+  limit is 0) has no step, so it is a ValueError rather than a step that
+  silently falls short of delta (or NaN, once the bracket overflows).
+  """
   logits = np.asarray(logits, np.float64)
+  direction = np.asarray(direction, np.float64)
+  if direction.shape != logits.shape or not np.isfinite(direction).all():
+    raise ValueError(
+        f"direction must be finite with the logits' shape {logits.shape}, "
+        f"got {direction.shape}: {direction}"
+    )
+  if not (np.isfinite(delta) and delta > 0):
+    raise ValueError(f"delta must be a finite KL > 0, got {delta}")
   old = games.softmax(logits)
+  # log1p of the mass off the maximal actions: exactly 0 for a constant d.
+  reachable = float(-np.log1p(-old[direction < direction.max()].sum()))
+  if delta >= reachable:
+    raise ValueError(
+        f"delta={delta} is not reachable along direction {direction}: "
+        f"KL(new || old) stays below {reachable:.6g} for every step"
+    )
 
   def kl(t):
     new = games.softmax(logits + t * direction)
     return float(np.sum(new * (np.log(new) - np.log(old))))
 
-  lo, hi = 0.0, 1.0
+  lo, hi, doublings = 0.0, 1.0, 0
   while kl(hi) < delta:
+    if doublings == _MAX_DOUBLINGS:
+      raise ValueError(
+          f"delta={delta} not reached along direction {direction} by step "
+          f"t = 2**{_MAX_DOUBLINGS} (KL there {kl(hi):.6g}, limit "
+          f"{reachable:.6g})"
+      )
     hi *= 2
+    doublings += 1
   for _ in range(80):
     mid = 0.5 * (lo + hi)
     lo, hi = (mid, hi) if kl(mid) < delta else (lo, mid)

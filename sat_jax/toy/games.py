@@ -167,7 +167,16 @@ class SequentialGame(_Game):
     if actor.shape != (h,) or actor.min() < 0:
       raise ValueError(f"actor must be [H={h}] agent ids >= 0, got {actor}")
     init = np.asarray(init_state)
-    init = np.eye(s)[int(init)] if init.ndim == 0 else init.astype(np.float64)
+    if init.ndim == 0:
+      # Checked here: np.eye(s)[-1] would quietly start in the last state.
+      if not (np.issubdtype(init.dtype, np.integer) and 0 <= init < s):
+        raise ValueError(
+            f"init_state={init_state!r}: a state id must be an integer in "
+            f"[0, {s})"
+        )
+      init = np.eye(s)[int(init)]
+    else:
+      init = init.astype(np.float64)
     if init.shape != (s,) or (init < 0).any() or not np.isclose(init.sum(), 1):
       raise ValueError(
           f"init_state must be a state id or [S={s}] probabilities"
