@@ -138,18 +138,46 @@ def test_eval_rejects_a_missing_run_or_step(saved_team, tmp_path):
   assert "no step 7" in done.stderr and "[0]" in done.stderr
 
 
-@pytest.mark.parametrize(
-    "flag, message",
-    [
-        ("--k=0", "--k=0: must be >= 1"),
-        ("--k=-5", "--k=-5: must be >= 1"),
-        ("--num_problems=-1", "--num_problems=-1: must be >= 0"),
-        ("--batch_size=0", "--batch_size=0: must be >= 1"),
-    ],
-)
-def test_eval_rejects_meaningless_counts(tmp_path, flag, message):
-  # Checked before the run directory is read (here: there is none).
-  done = _eval(f"--workdir={tmp_path / 'nope'}", flag)
+_CHECK_COUNTS = """
+import json, sys
+from sat_jax.commands import eval as eval_command
+out = []
+for k, num_problems, batch_size in json.loads(sys.argv[1]):
+  try:
+    eval_command.check_counts(k, num_problems, batch_size)
+    out.append(None)
+  except ValueError as e:
+    out.append(str(e))
+print(json.dumps(out))
+"""
+
+
+def test_eval_rejects_meaningless_counts(tmp_path):
+  # One interpreter for every case (the command's absl flags clash with
+  # other commands' in this process); main's own use of the check, before
+  # the run directory is read (here: there is none), in a second one.
+  cases = [
+      ((0, 0, None), "--k=0: must be >= 1"),
+      ((-5, 0, None), "--k=-5: must be >= 1"),
+      ((None, -1, None), "--num_problems=-1: must be >= 0"),
+      ((None, 0, 0), "--batch_size=0: must be >= 1"),
+      ((1, 0, 1), None),
+      ((None, 5, None), None),
+  ]
+  done = subprocess.run(
+      [sys.executable, "-c", _CHECK_COUNTS, json.dumps([c for c, _ in cases])],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=True,
+  )
+  got = json.loads(done.stdout.strip().splitlines()[-1])
+  for (case, want), message in zip(cases, got):
+    if want is None:
+      assert message is None, case
+    else:
+      assert message.startswith(want), (case, message)
+  done = _eval(f"--workdir={tmp_path / 'nope'}", "--num_problems=-1")
   assert done.returncode != 0
-  assert f"ValueError: {message}" in done.stderr
+  assert "ValueError: --num_problems=-1: must be >= 0" in done.stderr
   assert "no such directory" not in done.stderr

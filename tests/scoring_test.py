@@ -709,10 +709,10 @@ def test_padding_ids_outside_the_vocabulary_change_nothing():
     for name in ref:
       np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
     jax.tree.map(np.testing.assert_array_equal, g, g_ref)
-    # Op by op too, where no compiler rewrites the 0 * NaN at padding.
-    eager = scoring.token_logprobs_and_state_kl(
-        _TINY, p_new, p_old, jnp.where(mask > 0, tokens, pad), mask, tau, 4
-    )
-    np.testing.assert_allclose(eager[0], ref["fused logp"], atol=1e-6)
-    np.testing.assert_allclose(eager[1], ref["fused kl"], atol=1e-6)
+  # Op by op too, where no compiler rewrites the 0 * NaN at padding.
+  eager = scoring.token_logprobs_and_state_kl(
+      _TINY, p_new, p_old, jnp.where(mask > 0, tokens, 10**6), mask, tau, 4
+  )
+  np.testing.assert_allclose(eager[0], ref["fused logp"], atol=1e-6)
+  np.testing.assert_allclose(eager[1], ref["fused kl"], atol=1e-6)
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(g_ref))
