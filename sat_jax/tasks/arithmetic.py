@@ -97,10 +97,7 @@ class ArithmeticTask(synthetic.SampledTask):
   def __init__(
       self, *, digits: int = 3, operations: Sequence[str] = ("+",), **kwargs
   ):
-    if not isinstance(digits, int) or not 1 <= digits <= 18:
-      raise ValueError(
-          f"arithmetic: digits must be an int in [1, 18], got {digits!r}"
-      )
+    synthetic.check_int("arithmetic", "digits", digits, 1, 18)
     operations = tuple(operations)
     if not operations or any(op not in _OPS for op in operations):
       raise ValueError(

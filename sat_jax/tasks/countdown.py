@@ -121,18 +121,9 @@ class CountdownTask(synthetic.SampledTask):
       use_all: bool = True,
       **kwargs,
   ):
-    if not isinstance(num_numbers, int) or not 2 <= num_numbers <= 6:
-      raise ValueError(
-          f"countdown: num_numbers must be in [2, 6], got {num_numbers!r}"
-      )
-    if not isinstance(max_number, int) or max_number < 2:
-      raise ValueError(
-          f"countdown: max_number must be an int >= 2, got {max_number!r}"
-      )
-    if not isinstance(max_target, int) or max_target < 1:
-      raise ValueError(
-          f"countdown: max_target must be an int >= 1, got {max_target!r}"
-      )
+    synthetic.check_int("countdown", "num_numbers", num_numbers, 2, 6)
+    synthetic.check_int("countdown", "max_number", max_number, 2)
+    synthetic.check_int("countdown", "max_target", max_target, 1)
     self.num_numbers = num_numbers
     self.max_number = max_number
     self.max_target = max_target

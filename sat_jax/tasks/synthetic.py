@@ -70,11 +70,8 @@ class SyntheticTask(base.Task, abc.ABC):
       test_fraction: float = 0.2,
       data_dir: str | os.PathLike | None = None,
   ):
-    for field, value in (("train_size", train_size), ("test_size", test_size)):
-      if not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"{self.name}: {field} must be an int >= 0, got {value!r}"
-        )
+    check_int(self.name, "train_size", train_size, 0)
+    check_int(self.name, "test_size", test_size, 0)
     if not 0.0 < test_fraction < 1.0:
       raise ValueError(
           f"{self.name}: test_fraction must be in (0, 1), got {test_fraction}"

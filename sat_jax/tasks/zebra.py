@@ -276,11 +276,8 @@ class ZebraTask(zebra_grid.GridScoring, synthetic.SampledTask):
   )
 
   def __init__(self, *, houses: int = 3, attributes: int = 3, **kwargs):
-    for field, value in (("houses", houses), ("attributes", attributes)):
-      if not isinstance(value, int) or not 2 <= value <= MAX_SIZE:
-        raise ValueError(
-            f"zebra: {field} must be an int in [2, {MAX_SIZE}], got {value!r}"
-        )
+    synthetic.check_int("zebra", "houses", houses, 2, MAX_SIZE)
+    synthetic.check_int("zebra", "attributes", attributes, 2, MAX_SIZE)
     self.houses = houses
     self.attributes = attributes
     super().__init__(**kwargs)
