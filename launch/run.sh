@@ -4,7 +4,7 @@
 # on a GPU host run it once. Multi-host runs set SAT_JAX_DISTRIBUTED=1 so that
 # `sat-jax` calls jax.distributed.initialize() before touching devices.
 #
-#   launch/run.sh [--accelerator cpu|tpu|cuda12] -- train --config experiments/demo.py --workdir gs://...
+#   launch/run.sh [--accelerator cpu|tpu|cuda12] -- train --config experiments/demo.py --workdir /mnt/shared/run
 set -euo pipefail
 accelerator=cpu
 while [ $# -gt 0 ]; do

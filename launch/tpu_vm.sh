@@ -3,8 +3,11 @@
 # worker and launch/run.sh runs there with SAT_JAX_DISTRIBUTED=1.
 #
 #   launch/tpu_vm.sh create NAME ZONE ACCELERATOR_TYPE [RUNTIME_VERSION]
-#   launch/tpu_vm.sh run    NAME ZONE -- train --config experiments/demo.py --workdir gs://bucket/run
+#   launch/tpu_vm.sh run    NAME ZONE -- train --config experiments/demo.py --workdir /mnt/shared/run
 #   launch/tpu_vm.sh delete NAME ZONE
+#
+# The workdir is a folder every worker mounts (NFS, or a gcsfuse mount of a
+# bucket): run files are written by worker 0 with local file operations.
 set -euo pipefail
 cmd=${1:?"usage: tpu_vm.sh create|run|delete NAME ZONE ..."}
 name=${2:?"missing NAME"}

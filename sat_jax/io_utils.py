@@ -41,6 +41,23 @@ def _umask() -> int:
   return _UMASK_AT_IMPORT if current is None else current
 
 
+def local_path(path: PathLike, what: str) -> pathlib.Path:
+  """`path` as an absolute local path; a URL (gs://...) is refused.
+
+  Run files are written with local file operations (atomic renames):
+  pathlib would turn "gs://b/run" into a local folder "gs:/b/run" and write
+  there silently. Multi-host runs use a folder every host mounts (NFS, a
+  gcsfuse mount of the bucket).
+  """
+  if "://" in os.fspath(path):
+    raise ValueError(
+        f"{what} {os.fspath(path)!r} is a URL: run files are written with"
+        " local file operations; give a local folder, or a shared one that"
+        " every host mounts (NFS, gcsfuse)"
+    )
+  return pathlib.Path(path).absolute()
+
+
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
   """Writes `data` to `path` so that readers see the old file or the new one.
 

@@ -5,7 +5,6 @@ imported; only the chosen command's module is imported.
 """
 
 import importlib
-import os
 import sys
 
 from absl import app
@@ -59,13 +58,11 @@ def run(argv: list[str] | None = None) -> None:
     sys.exit(2)
   # Before any JAX computation starts XLA's threads (see host_memory).
   host_memory.reuse_freed_pages()
-  if os.environ.get("SAT_JAX_DISTRIBUTED") == "1":
-    # Multi-host (TPU pod / multi-node GPU): connect the processes before any
-    # device is touched. Coordinates come from the environment (Cloud TPU
-    # metadata, or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID).
-    import jax  # pylint: disable=g-import-not-at-top
+  # Multi-host (TPU pod, multi-node GPU or CPU): connect the processes before
+  # any device is touched, when SAT_JAX_DISTRIBUTED=1 (see multihost).
+  from sat_jax import multihost  # pylint: disable=g-import-not-at-top
 
-    jax.distributed.initialize()
+  multihost.initialize()
   module_name, function_name, _ = COMMANDS[command]
   module = importlib.import_module(module_name)
   app.run(

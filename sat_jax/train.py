@@ -42,6 +42,7 @@ from sat_jax import config as config_lib
 from sat_jax import io_utils
 from sat_jax import metrics as metrics_lib
 from sat_jax import models
+from sat_jax import multihost
 from sat_jax import plots
 from sat_jax import sft
 from sat_jax import sharding
@@ -312,13 +313,21 @@ def _check_resumable(saved: dict[str, Any], current: dict[str, Any]) -> None:
     )
 
 
-def _truncate_metrics(workdir: pathlib.Path, last_step: int | None) -> list:
-  """Keeps the rows of steps <= last_step (none if None); TB rebuilt."""
+def _truncate_metrics(
+    workdir: pathlib.Path, last_step: int | None, *, write: bool = True
+) -> list:
+  """Keeps the rows of steps <= last_step (none if None); TB rebuilt.
+
+  Without `write` (a process other than the first) only the kept rows are
+  returned; the files are left to the first process.
+  """
   path = workdir / "metrics.jsonl"
   rows = []
   if path.exists() and path.stat().st_size and last_step is not None:
     rows = metrics_lib.read_metrics(path)
     rows = [r for r in rows if r["step"] <= last_step]
+  if not write:
+    return rows
   io_utils.atomic_write_jsonl(path, rows)
   tb_dir = workdir / "tensorboard"
   shutil.rmtree(tb_dir, ignore_errors=True)
@@ -373,7 +382,7 @@ def train_and_evaluate(
 ) -> dict[str, Any]:
   """Runs (or resumes) the whole job in `workdir`; returns summary.json."""
   t_start = time.perf_counter()
-  workdir = pathlib.Path(workdir).absolute()
+  workdir = io_utils.local_path(workdir, "workdir")
   workdir.mkdir(parents=True, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
   sampler = sampling_mesh(config)  # a bad rollout.mesh fails here, early
@@ -382,9 +391,12 @@ def train_and_evaluate(
   if (workdir / "config.json").exists():
     saved = io_utils.read_json(workdir / "config.json")
     _check_resumable(saved, effective)
-  # The warm start runs on one device, before the mesh is entered.
+  # The warm start runs on one device, before the mesh is entered; on
+  # several processes the first builds it and the others wait, then load it.
   if any(e.model == config_lib.PRETRAIN for e in config.team):
-    pretrained_base(config, task, workdir)
+    if multihost.is_primary():
+      pretrained_base(config, task, workdir)
+    multihost.barrier("sat_jax.train.pretrained_base")
   key = jax.random.key(config.seed)
   key_stage, key_eval = jax.random.split(key)
   with jax.set_mesh(mesh), sharding.logical_rules(config.mesh.logical_rules()):
@@ -411,7 +423,8 @@ def train_and_evaluate(
         async_save=config.checkpoint.async_save,
     )
     last = ckpt.latest_step()
-    rows = _truncate_metrics(workdir, last)
+    rows = _truncate_metrics(workdir, last, write=multihost.is_primary())
+    multihost.barrier("sat_jax.train.truncate_metrics")
     if last is not None:
       state, _, cursor = ckpt.restore(last, state)
       start = int(cursor["stage"])
@@ -439,7 +452,10 @@ def train_and_evaluate(
       return summary
 
     def commit(stage: int) -> None:
-      plots.plot_run(rows, workdir / "plot.png", config.name, config.num_agents)
+      if multihost.is_primary():
+        plots.plot_run(
+            rows, workdir / "plot.png", config.name, config.num_agents
+        )
       cursor = {"stage": stage, "num_stages": config.num_stages}
       ckpt.save(stage, state, team.metas, cursor)
 
@@ -466,7 +482,8 @@ def train_and_evaluate(
       results = rollout_fn.pop_results()
       t_update = time.perf_counter() - t0
       stage_row, agent_rows = _stage_rows(record, results, deltas)
-      _write_samples(workdir / "samples" / f"stage_{stage}.jsonl", results[0])
+      if multihost.is_primary():
+        _write_samples(workdir / "samples" / f"stage_{stage}.jsonl", results[0])
       for j, agent_row in sorted(agent_rows.items()):
         _log(writer, rows, stage, agent_row, f"agent{j}")
       summary = None
@@ -503,6 +520,7 @@ def train_and_evaluate(
   summary = _summary(
       rows, pretrain_info, time.perf_counter() - t_start, stopped_early
   )
-  io_utils.atomic_write_json(workdir / "summary.json", summary)
+  if multihost.is_primary():
+    io_utils.atomic_write_json(workdir / "summary.json", summary)
   logging.info("run summary: %s", summary)
   return summary

@@ -114,3 +114,12 @@ def test_read_json_names_the_file(tmp_path):
     io_utils.read_json(tmp_path / "nope.json")
   path.write_text('{"a": [1]}')
   assert io_utils.read_json(path) == {"a": [1]}
+
+
+def test_local_path_refuses_urls_and_makes_paths_absolute(
+    tmp_path, monkeypatch
+):
+  with pytest.raises(ValueError, match="workdir 'gs://bucket/run' is a URL"):
+    io_utils.local_path("gs://bucket/run", "workdir")
+  monkeypatch.chdir(tmp_path)
+  assert io_utils.local_path("runs/a", "workdir") == tmp_path / "runs" / "a"

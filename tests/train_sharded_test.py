@@ -20,14 +20,19 @@ rate (3e-3) in a direction set by that noise, whatever the sharding does
 """
 
 import dataclasses
+import json
 import math
+import os
 import pathlib
+import socket
+import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
+from sat_jax import config as config_lib
 from sat_jax import metrics as metrics_lib
 from sat_jax import models
 from sat_jax import sharding
@@ -145,3 +150,96 @@ def test_sampler_on_a_mesh_of_its_own_matches_one_device(
   assert len(meshes) >= 2  # the stage rollouts and the evaluations
   assert all(m is not None and m.size == 2 for m in meshes), meshes
   _assert_same_rows(dir_one, tmp_path / "split")
+
+
+_CONFIG_FILE = """
+import json
+import sys
+
+sys.path.insert(0, {tests!r})
+import train_e2e_test  # registers the test task
+
+from sat_jax import config as config_lib
+
+
+def get_config(arg=None):
+  with open({path!r}) as f:
+    return config_lib.to_config_dict(config_lib.from_dict(json.load(f)))
+"""
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_process_run_matches_one_device(
+    tmp_path, tiny_model, one_device_run
+):
+  # Multi-host as on a pod: two `sat-jax train` processes with 4 CPU devices
+  # each (gloo between them), one 2x2x2 mesh over all 8, the same workdir.
+  # Only process 0 writes run files (duplicated metrics rows would fail the
+  # row comparison); the checkpoint both wrote restores on one device.
+  config_one, dir_one = one_device_run
+  config = dataclasses.replace(
+      config_one,
+      mesh=sharding.MeshConfig(axes=tuple(zip(sharding.MESH_AXES, (2, 2, 2)))),
+  )
+  config_json = tmp_path / "config.json"
+  config_json.write_text(json.dumps(config_lib.to_dict(config)))
+  config_py = tmp_path / "two_process.py"
+  config_py.write_text(
+      _CONFIG_FILE.format(
+          tests=str(pathlib.Path(__file__).resolve().parent),
+          path=str(config_json),
+      )
+  )
+  workdir = tmp_path / "two"
+  port = _free_port()
+  procs, logs = [], []
+  for i in range(2):
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        SAT_JAX_DISTRIBUTED="1",
+        JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+        JAX_NUM_PROCESSES="2",
+        JAX_PROCESS_ID=str(i),
+    )
+    logs.append(tmp_path / f"process_{i}.log")
+    with open(logs[-1], "wb") as log:
+      procs.append(
+          subprocess.Popen(
+              [
+                  sys.executable,
+                  "-m",
+                  "sat_jax.main",
+                  "train",
+                  f"--config={config_py}",
+                  f"--workdir={workdir}",
+              ],
+              env=env,
+              stdout=log,
+              stderr=subprocess.STDOUT,
+          )
+      )
+  try:
+    codes = [p.wait(timeout=600) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  tails = "\n".join(
+      f"--- process {i} ---\n" + log.read_text(errors="replace")[-3000:]
+      for i, log in enumerate(logs)
+  )
+  assert codes == [0, 0], tails
+  _assert_same_rows(dir_one, workdir)
+  one = sharding.make_mesh(config_one.mesh, jax.devices()[:1])
+  params_one, _ = e2e.final_params(dir_one, config_one, one)
+  params_two, cursor = e2e.final_params(workdir, config_one, one)
+  assert cursor["stage"] == config.num_stages
+  for j, (p_one, p_two) in enumerate(zip(params_one, params_two)):
+    for x, y in zip(jax.tree.leaves(p_one), jax.tree.leaves(p_two)):
+      assert np.abs(y - x).max() <= 5e-4, j

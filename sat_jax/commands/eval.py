@@ -16,7 +16,6 @@ the run's config.json and restored from checkpoints/<step>.
 
 import dataclasses
 import json
-import pathlib
 from typing import Any, Sequence
 
 from absl import flags
@@ -25,6 +24,7 @@ import jax
 
 from sat_jax import checkpoint as checkpoint_lib
 from sat_jax import config as config_lib
+from sat_jax import io_utils
 from sat_jax import sharding
 from sat_jax import train
 from sat_jax.core import agent as agent_lib
@@ -94,7 +94,7 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   check_counts(_K.value, _NUM_PROBLEMS.value, _BATCH_SIZE.value)
-  workdir = pathlib.Path(_WORKDIR.value).absolute()
+  workdir = io_utils.local_path(_WORKDIR.value, "--workdir")
   config = train.load_run_config(workdir)
   run_task = registry.get_task(config.task.name, **config.task.kwargs)
   if _TASK.value is None or _TASK.value == config.task.name:
@@ -145,8 +145,8 @@ def main(argv: Sequence[str]) -> None:
   step = ckpt.latest_step() if _STEP.value is None else _STEP.value
   if step is None:
     raise checkpoint_lib.CheckpointError(f"{ckpt.directory}: no checkpoints")
-  out = pathlib.Path(
-      _OUT.value or workdir / "evals" / f"{task_name}_step{step}"
+  out = io_utils.local_path(
+      _OUT.value or workdir / "evals" / f"{task_name}_step{step}", "--out"
   )
   mesh = sharding.make_mesh(config.mesh)
   with jax.set_mesh(mesh), sharding.logical_rules(config.mesh.logical_rules()):

@@ -9,14 +9,16 @@ same config then reuses; `--out DIR` writes elsewhere (point a team entry's
 """
 
 import json
-import pathlib
 from typing import Sequence
 
 from absl import flags
 from absl import logging
+import jax
 from ml_collections import config_flags
 
 from sat_jax import config as config_lib
+from sat_jax import io_utils
+from sat_jax import multihost
 from sat_jax import sft
 from sat_jax.tasks import registry
 
@@ -40,14 +42,24 @@ def main(argv: Sequence[str]) -> None:
   if _CONFIG.value is None:
     raise ValueError("--config is required, e.g. --config experiments/demo.py")
   config = config_lib.from_dict(_CONFIG.value)
-  workdir = pathlib.Path(
+  workdir = io_utils.local_path(
       _WORKDIR.value
       or config_lib.default_workdir(
           config, config_flags.get_config_filename(flags.FLAGS["config"])
-      )
+      ),
+      "--workdir",
   )
-  out = pathlib.Path(_OUT.value or workdir / "pretrain" / "base")
+  out = io_utils.local_path(
+      _OUT.value or workdir / "pretrain" / "base", "--out"
+  )
   task = registry.get_task(config.task.name, **config.task.kwargs)
+  if not multihost.is_primary():
+    # One process trains and writes the base (on one device); the others
+    # have nothing to add and must not write the same folder.
+    logging.info(
+        "process %d: the warm start runs in process 0", jax.process_index()
+    )
+    return
   info = sft.pretrain(
       config.pretrain,
       task,

@@ -26,6 +26,7 @@ import numpy as np
 
 from sat_jax import io_utils
 from sat_jax import models
+from sat_jax import multihost
 from sat_jax import sampling
 from sat_jax import testing
 
@@ -154,8 +155,8 @@ def main(argv: Sequence[str]) -> None:
         "logprobs": out.logprobs_BxN[i, :n].tolist(),
         "text": text,
     })
-  if _WORKDIR.value:
-    path = pathlib.Path(_WORKDIR.value) / "samples.json"
+  if _WORKDIR.value and multihost.is_primary():
+    path = io_utils.local_path(_WORKDIR.value, "--workdir") / "samples.json"
     io_utils.atomic_write_json(
         path,
         {

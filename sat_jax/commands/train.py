@@ -8,7 +8,6 @@ The workdir defaults to runs/<config name>. Rerunning the same command in
 the same workdir resumes from its last complete stage.
 """
 
-import pathlib
 from typing import Sequence
 
 from absl import flags
@@ -17,6 +16,7 @@ import jax
 from ml_collections import config_flags
 
 from sat_jax import config as config_lib
+from sat_jax import io_utils
 from sat_jax import sharding
 from sat_jax import train
 
@@ -37,11 +37,12 @@ def main(argv: Sequence[str]) -> None:
   if _CONFIG.value is None:
     raise ValueError("--config is required, e.g. --config experiments/demo.py")
   config = config_lib.from_dict(_CONFIG.value)
-  workdir = pathlib.Path(
+  workdir = io_utils.local_path(
       _WORKDIR.value
       or config_lib.default_workdir(
           config, config_flags.get_config_filename(flags.FLAGS["config"])
-      )
+      ),
+      "--workdir",
   )
   mesh = sharding.make_mesh(config.mesh)
   logging.info(

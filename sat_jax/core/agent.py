@@ -42,6 +42,7 @@ import jax
 import numpy as np
 import optax
 
+from sat_jax import multihost
 from sat_jax.core import config as config_lib
 
 PyTree = Any
@@ -176,8 +177,8 @@ def init_team(
 
 
 def scalar(x: float) -> jax.Array:
-  """A float32 device scalar, transferred explicitly."""
-  return jax.device_put(np.float32(x))
+  """A float32 device scalar, transferred explicitly (replicated on a mesh)."""
+  return multihost.put_replicated(np.float32(x))
 
 
 def team_params(team: TeamState) -> tuple[PyTree, ...]:

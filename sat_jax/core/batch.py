@@ -18,6 +18,8 @@ from flax import struct
 import jax
 import numpy as np
 
+from sat_jax import multihost
+
 PyTree = Any
 NO_AGENT = -1  # agent id of positions no agent acts at (prompt, env, pad)
 
@@ -62,7 +64,7 @@ class TeamBatch:
     [-1, num_agents) (-1: no agent). Call it with concrete arrays (outside
     jit): the ids are checked here, before any work.
     """
-    ids = np.asarray(jax.device_get(agent_id_ExT))
+    ids = np.asarray(multihost.to_host(agent_id_ExT))
     bad = (ids < NO_AGENT) | (ids >= num_agents)
     if bad.any():
       e, t = np.argwhere(bad)[0]
@@ -71,7 +73,7 @@ class TeamBatch:
           f"team of {num_agents} agents (valid: {NO_AGENT} for no agent, "
           f"0..{num_agents - 1})"
       )
-    loss_mask = np.asarray(jax.device_get(loss_mask_ExT), bool)
+    loss_mask = np.asarray(multihost.to_host(loss_mask_ExT), bool)
     if loss_mask.shape != ids.shape:
       raise ValueError(
           f"loss mask shape {loss_mask.shape} != agent id shape {ids.shape}"
@@ -85,7 +87,7 @@ class TeamBatch:
         )
         for k in range(num_agents)
     )
-    group = np.asarray(jax.device_get(group_E), np.int32)
+    group = np.asarray(multihost.to_host(group_E), np.int32)
     if num_groups is None:
       num_groups = int(group.max()) + 1 if group.size else 0
     return cls(
@@ -137,7 +139,7 @@ def validate_batch(batch: TeamBatch, num_agents: int, minibatches: int) -> None:
     raise ValueError(
         f"E={num_e} episodes do not split into minibatches={minibatches}"
     )
-  group = np.asarray(jax.device_get(batch.group_E))
+  group = np.asarray(multihost.to_host(batch.group_E))
   if group.size and (group.min() < 0 or group.max() >= batch.num_groups):
     raise ValueError(
         f"group ids span [{group.min()}, {group.max()}], outside "

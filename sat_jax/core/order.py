@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from sat_jax import multihost
 from sat_jax.core import config as config_lib
 
 
@@ -38,7 +39,7 @@ def _random(n, key, gains):
   del gains
   if key is None:
     raise ValueError("order='random' needs a PRNG key")
-  return tuple(int(i) for i in jax.device_get(_permutation(key, n)))
+  return tuple(int(i) for i in multihost.to_host(_permutation(key, n)))
 
 
 def _greedy(n, key, gains):

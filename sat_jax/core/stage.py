@@ -26,6 +26,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from sat_jax import multihost
 from sat_jax.core import advantage
 from sat_jax.core import agent as agent_lib
 from sat_jax.core import batch as batch_lib
@@ -79,7 +80,7 @@ def _stage_order(agents, team, batch, cfg, key):
   gains = None
   if cfg.order == "greedy":
     adv = _advantages(batch, _zeros_like(batch.reward_E), cfg)
-    gains = jax.device_get([
+    gains = multihost.to_host([
         objective.surrogate_grad_norm(
             agents[j],
             cfg.update,
@@ -115,7 +116,7 @@ def run_stage(
   update_keys = tuple(jax.random.split(key_update, num_agents))
   batch = rollout_fn(agent_lib.team_params(team), rollout_keys[0])
   batch_lib.validate_batch(batch, num_agents, cfg.update.minibatches)
-  mean_reward = float(np.mean(jax.device_get(batch.reward_E)))
+  mean_reward = float(np.mean(multihost.to_host(batch.reward_E)))
   if cfg.method == "none":
     return team, StageRecord((), (), None, mean_reward)
 
@@ -160,7 +161,7 @@ def run_stage(
     new_team[j] = state
     steps.append(dict(record, agent=j, position=i))
 
-  steps = tuple(_to_python(s) for s in jax.device_get(steps))
+  steps = tuple(_to_python(s) for s in multihost.to_host(steps))
   cert = None
   if cfg.certificate is not None and cfg.method in ("sat", "single"):
     cert = certificate_lib.stage_bound(

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from sat_jax import multihost
 from sat_jax.core import agent as agent_lib
 from sat_jax.core import batch as batch_lib
 from sat_jax.core import config as config_lib
@@ -68,7 +69,7 @@ def update_with_backtracking(
           f"beta_init={cfg.beta_init} is per agent: pass this agent's"
       )
     beta_init = cfg.beta_init
-  beta, delta = map(float, jax.device_get((state.beta, state.delta)))
+  beta, delta = map(float, multihost.to_host((state.beta, state.delta)))
   monitor = math.isfinite(delta) or cfg.certificate is not None
   measure_new = monitor or need_logratio
   step_scale = 1.0
@@ -95,7 +96,7 @@ def update_with_backtracking(
     if first_violation_rate is None:
       first_violation_rate = metrics.get("violation_rate", 0.0)
     # The one device scalar the host reads per try.
-    accepted = not bool(jax.device_get(metrics.pop("violated")))
+    accepted = not bool(multihost.to_host(metrics.pop("violated")))
     if accepted:
       break
     next_beta = min(beta * cfg.beta_raise, cfg.beta_max)

@@ -13,7 +13,8 @@ A task may define `extra_scores(example, verdict) -> {name: float}` (e.g. the
 zebra tasks' cell accuracy); those are averaged like avg@K.
 
 Outputs in `out_dir` (all written atomically): predictions.jsonl (one row per
-sample), summary.json, summary.md (a markdown table).
+sample), summary.json, summary.md (a markdown table); by process 0 only
+when the run spans several processes.
 """
 
 import dataclasses
@@ -28,6 +29,7 @@ import numpy as np
 import tqdm
 
 from sat_jax import io_utils
+from sat_jax import multihost
 from sat_jax.eval import metrics
 from sat_jax.tasks import base
 
@@ -261,11 +263,14 @@ def evaluate(
   summary["score_s"] = round(score_s, 3)
   if meta:
     summary["meta"] = dict(meta)
-  io_utils.atomic_write_jsonl(
-      out_dir / "predictions.jsonl",
-      (r for rows in rows_per_problem for r in rows),
-  )
-  io_utils.atomic_write_json(out_dir / "summary.json", summary)
-  io_utils.atomic_write_text(out_dir / "summary.md", markdown_table([summary]))
+  if multihost.is_primary():  # every process computed the same rows
+    io_utils.atomic_write_jsonl(
+        out_dir / "predictions.jsonl",
+        (r for rows in rows_per_problem for r in rows),
+    )
+    io_utils.atomic_write_json(out_dir / "summary.json", summary)
+    io_utils.atomic_write_text(
+        out_dir / "summary.md", markdown_table([summary])
+    )
   logging.info("%s: %s", task.name, summary)
   return summary

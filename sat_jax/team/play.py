@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sat_jax import multihost
 from sat_jax.tasks import base
 from sat_jax.team import protocols
 from sat_jax.team import transcript as transcript_lib
@@ -230,7 +231,7 @@ def play_episodes(
   ]
   slots = _slots(cfg, num_agents)
   key_router, key_turns = _split(key, 2)
-  seed = [int(w) for w in jax.device_get(_seed_words(key_router))]
+  seed = [int(w) for w in multihost.to_host(_seed_words(key_router))]
   turn_keys = list(_split(key_turns, cfg.rounds * slots * num_agents))
   for r in range(cfg.rounds):
     live = [ep for ep in episodes if not ep.done]

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from sat_jax import models
+from sat_jax import multihost
 from sat_jax import scoring
 from sat_jax import sharding
 from sat_jax.core import batch as batch_lib
@@ -282,7 +283,7 @@ class LMRollout:
 
   def choose(self, key: jax.Array) -> list[int]:
     """Indices of this key's prompts (a prefix of a permutation)."""
-    perm = jax.device_get(_permutation(key, len(self.examples)))
+    perm = multihost.to_host(_permutation(key, len(self.examples)))
     return [int(i) for i in perm[: self.num_prompts]]
 
   def __call__(

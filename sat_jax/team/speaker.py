@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from sat_jax import models
+from sat_jax import multihost
 from sat_jax import sampling
 from sat_jax import sharding
 from sat_jax.team import lm_agent as lm_agent_lib
@@ -285,7 +286,8 @@ class LMSpeaker:
       return texts
     t0 = time.perf_counter()
     out = handle.output
-    tokens, logps, lengths = jax.device_get(
+    # The rows may be spread over other processes' devices (multi-host).
+    tokens, logps, lengths = multihost.to_host(
         (out.tokens_BxN, out.logprobs_BxN, out.lengths_B)
     )
     t1 = time.perf_counter()
