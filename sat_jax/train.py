@@ -423,8 +423,9 @@ def train_and_evaluate(
         async_save=config.checkpoint.async_save,
     )
     last = ckpt.latest_step()
+    # No barrier needed: the rewrite is atomic, and every process keeps the
+    # same rows whether it reads the file before or after it.
     rows = _truncate_metrics(workdir, last, write=multihost.is_primary())
-    multihost.barrier("sat_jax.train.truncate_metrics")
     if last is not None:
       state, _, cursor = ckpt.restore(last, state)
       start = int(cursor["stage"])
