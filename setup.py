@@ -31,6 +31,7 @@ EXTRAS_REQUIRE = {
     # Exactly this pin: anything else pulls a multi-GB CUDA build.
     "test": [
         "pytest==9.2.0",
+        "pytest-xdist==3.8.0",  # the README's test command runs 2 workers
         "chex==0.1.92",
         "torch==2.13.0",
         "pyink==26.5.1",

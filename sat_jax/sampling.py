@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sat_jax import scoring
 from sat_jax.models import config as config_lib
 from sat_jax.models import transformer
 
@@ -63,8 +64,10 @@ class SamplingOptions:
     object.__setattr__(self, "prompt_buckets", tuple(self.prompt_buckets))
     if self.max_new_tokens < 1:
       raise SamplingError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
-    if not self.temperature >= 0:
-      raise SamplingError(f"temperature={self.temperature} must be >= 0")
+    try:
+      scoring.check_temperature(self.temperature, allow_zero=True)
+    except ValueError as e:
+      raise SamplingError(str(e)) from None
     if not 0 < self.top_p <= 1:
       raise SamplingError(f"top_p={self.top_p} must be in (0, 1]")
     if self.top_k < 0:

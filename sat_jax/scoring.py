@@ -44,11 +44,31 @@ from sat_jax import sharding
 PyTree = Any
 
 DEFAULT_CHUNK_SIZE = 128
+# Logits are divided by the temperature in float32: below this a logit of any
+# size could overflow to inf and the softmax turn NaN (1e-6 is safe up to
+# |logit| ~ 3e32; use temperature 0 for greedy sampling instead).
+MIN_TEMPERATURE = 1e-6
+
+
+def check_temperature(
+    temperature: float, what: str = "temperature", allow_zero: bool = False
+) -> None:
+  """Raises ValueError unless `temperature` is finite and >= MIN_TEMPERATURE.
+
+  `allow_zero`: 0 (greedy sampling) is accepted as well.
+  """
+  if allow_zero and temperature == 0:
+    return
+  if not MIN_TEMPERATURE <= temperature < float("inf"):
+    zero = "0 or " if allow_zero else ""
+    raise ValueError(
+        f"{what}={temperature} must be {zero}finite and >= {MIN_TEMPERATURE}"
+        " (logits are divided by it in float32)"
+    )
 
 
 def _check_temperature(temperature: float) -> None:
-  if not temperature > 0:
-    raise ValueError(f"temperature must be > 0, got {temperature}")
+  check_temperature(temperature)
 
 
 def _check_hidden(h_BxTxD: jax.Array, w_DxV: jax.Array, name: str) -> None:

@@ -4,7 +4,8 @@
 randomly initialised model on demonstration turns with one jitted step, and
 writes a base checkpoint: HF safetensors (`models.save_hf`), the tokenizer
 (`save_pretrained`) and `pretrain.json` (settings, losses, held-out
-success), all in one folder that appears atomically (built under a
+success; with `target_success`, every check's success and its predictions
+under checks/), all in one folder that appears atomically (built under a
 temporary name, renamed into place).
 
 Training turns are in the relay format of the team rollout, rendered by
@@ -39,7 +40,7 @@ import random
 import shutil
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import logging
 import jax
@@ -385,38 +386,63 @@ def train(
     task: base.Task,
     examples: Sequence[base.Example],
     *,
+    check: Callable[[PyTree, int], float] | None = None,
     progress: bool = False,
-) -> tuple[PyTree, list[float], int]:
-  """cfg.steps SFT steps from a random init: (params, losses, T)."""
+) -> tuple[PyTree, list[float], int, list[dict[str, float]]]:
+  """SFT steps from a random init: (params, losses, T, checks).
+
+  cfg.steps steps, or fewer with cfg.target_success > 0: then every
+  cfg.check_every steps from cfg.check_from on, `check(params, step)` gives
+  the team's success, and
+  training stops after the first check that reaches the target. `checks`
+  lists {"step", "team_success"} of every check made.
+  """
+  if cfg.target_success > 0 and check is None:
+    raise ValueError("pretrain.target_success > 0 needs a check function")
   batches = _Batches(task, examples, renderer, cfg, config.max_seq_len)
   init = jax.jit(models.init_params, static_argnums=(0,))
   params = init(config, jax.random.key(cfg.seed))
   tx = _optimizer(cfg)
   opt_state = jax.jit(tx.init)(params)
   step = make_train_step(config, tx)
-  losses, pending = [], []
+  losses, pending, checks = [], [], []
+
+  def fetch_losses():
+    block = [float(v) for v in jax.device_get(pending)]
+    # A diverged model must not be saved as a finished base: stop here,
+    # before pretrain() writes anything.
+    bad = next((j for j, v in enumerate(block) if not np.isfinite(v)), None)
+    if bad is not None:
+      bar.close()
+      raise FloatingPointError(
+          f"pretrain diverged: loss {block[bad]} at step {len(losses) + bad}"
+          f" (pretrain.learning_rate={cfg.learning_rate}); lower the"
+          " learning rate or add warmup steps"
+      )
+    losses.extend(block)
+    pending.clear()
+
   bar = tqdm.tqdm(range(cfg.steps), desc="pretrain", disable=not progress)
   for i in bar:
     tokens, mask, loss = jax.device_put(batches.next())
     params, opt_state, value = step(params, opt_state, tokens, mask, loss)
     pending.append(value)
-    if len(pending) == 20 or i == cfg.steps - 1:  # fetch in blocks
-      block = [float(v) for v in jax.device_get(pending)]
-      # A diverged model must not be saved as a finished base: stop here,
-      # before pretrain() writes anything.
-      bad = next((j for j, v in enumerate(block) if not np.isfinite(v)), None)
-      if bad is not None:
-        bar.close()
-        raise FloatingPointError(
-            f"pretrain diverged: loss {block[bad]} at step {len(losses) + bad}"
-            f" (pretrain.learning_rate={cfg.learning_rate}); lower the"
-            " learning rate or add warmup steps"
-        )
-      losses += block
-      pending = []
+    checking = (
+        cfg.target_success > 0
+        and i + 1 >= cfg.check_from
+        and (i + 1) % cfg.check_every == 0
+    )
+    if len(pending) == 20 or i == cfg.steps - 1 or checking:  # in blocks
+      fetch_losses()
       bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    if checking:
+      success = float(check(params, i + 1))
+      checks.append({"step": i + 1, "team_success": success})
+      logging.info("pretrain step %d: team success %.3f", i + 1, success)
+      if success >= cfg.target_success:
+        break
   bar.close()
-  return params, losses, batches.length
+  return params, losses, batches.length, checks
 
 
 def evaluate_base(
@@ -477,6 +503,7 @@ def pretrain(
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
   tmp_tok = tmp.with_name(tmp.name + "-tok")
+  tmp_checks = tmp.with_name(tmp.name + "-checks")  # save_hf makes tmp itself
   try:
     tok_dir = cfg.tokenizer
     if tok_dir is None:
@@ -489,8 +516,39 @@ def pretrain(
     config = model_config(cfg.model, tokenizer)
     models.check_fits(tokenizer, config)
     renderer = make_renderer(tokenizer, task, protocol)
-    params, losses, seq_len = train(
-        cfg, config, renderer, task, train_examples, progress=progress
+    check = None
+    if cfg.target_success > 0:
+      if cfg.check_problems >= len(train_examples):
+        raise ValueError(
+            f"pretrain.check_problems={cfg.check_problems} leaves no training"
+            f" problems of the {len(train_examples)} in {task.name}'s train"
+            " split"
+        )
+      check_examples = train_examples[-cfg.check_problems :]
+      train_examples = train_examples[: -cfg.check_problems]
+
+      def check(params, step):
+        return evaluate_base(
+            config,
+            params,
+            tokenizer,
+            task,
+            check_examples,
+            protocol,
+            num_agents=num_agents,
+            temperature=cfg.eval_temperature,
+            out_dir=tmp_checks / f"step_{step}",
+            seed=cfg.seed,
+        )["avg@1"]
+
+    params, losses, seq_len, checks = train(
+        cfg,
+        config,
+        renderer,
+        task,
+        train_examples,
+        check=check,
+        progress=progress,
     )
     train_s = time.perf_counter() - start
     models.save_hf(
@@ -503,6 +561,8 @@ def pretrain(
         },
     )
     tokenizer.save_pretrained(str(tmp))
+    if tmp_checks.exists():
+      os.replace(tmp_checks, tmp / "checks")
     info = {
         "task": task.name,
         "settings": config_lib.to_plain(cfg),
@@ -513,6 +573,8 @@ def pretrain(
         "loss_first": losses[0] if losses else None,
         "loss_last": float(np.mean(losses[-20:])) if losses else None,
         "losses_every_20": losses[::20],
+        "steps_run": len(losses),
+        "checks": checks,
         "train_s": round(train_s, 1),
     }
     if test_examples:
@@ -543,5 +605,6 @@ def pretrain(
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(tmp_tok, ignore_errors=True)
+    shutil.rmtree(tmp_checks, ignore_errors=True)
   logging.info("pretrained base in %s: %s", out_dir, info)
   return info

@@ -175,6 +175,18 @@ def make_mesh(
         f"MeshConfig.num_devices={n} exceeds the {len(devices)} devices"
         " available (on CPU hosts, JAX_NUM_CPU_DEVICES sets how many)"
     )
+  if (
+      n not in (-1, len(devices))
+      and len({d.process_index for d in devices}) > 1
+  ):
+    # Every process runs each jitted call over the whole mesh; a mesh of the
+    # first n devices would leave some processes out (or hold only part of
+    # one host's devices), so over several processes a mesh spans them all.
+    raise ValueError(
+        f"MeshConfig.num_devices={n}: a mesh over some of the devices is"
+        f" only supported in a single process; these {len(devices)} devices"
+        " belong to several processes, so use num_devices=-1"
+    )
   devices = devices if n == -1 else devices[:n]
   shape = mesh_config.shape(len(devices))
   return jax.make_mesh(

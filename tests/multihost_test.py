@@ -2,7 +2,7 @@
 
 `initialize` is exercised through its environment parsing only: the real
 connection needs several processes (see
-train_sharded_test.test_two_process_run_matches_one_device).
+train_sharded_test.test_two_process_run_resumes_and_matches_one_device).
 """
 
 import jax

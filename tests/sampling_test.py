@@ -12,6 +12,7 @@ import pytest
 
 from sat_jax import models
 from sat_jax import sampling
+from sat_jax import scoring
 from sat_jax import sharding
 from sat_jax import testing
 
@@ -538,6 +539,9 @@ def test_a_block_start_rounded_up_never_draws_a_zero_probability_token():
     [
         ("max_new_tokens", 0),
         ("temperature", -1.0),
+        ("temperature", 1e-40),  # logits / 1e-40 overflow to inf -> NaN
+        ("temperature", float("inf")),
+        ("temperature", float("nan")),
         ("top_p", 0.0),
         ("top_k", -2),
         ("prompt_buckets", (8, 4)),
@@ -546,3 +550,16 @@ def test_a_block_start_rounded_up_never_draws_a_zero_probability_token():
 def test_bad_options_name_the_field(field, value):
   with pytest.raises(sampling.SamplingError, match=field):
     sampling.SamplingOptions(**{field: value})
+
+
+def test_smallest_temperature_keeps_the_distribution_finite():
+  # At the floor, logits of a size no model produces still divide to finite
+  # values, and the sampling distribution is (numerically) the argmax.
+  options = sampling.SamplingOptions(temperature=scoring.MIN_TEMPERATURE)
+  logits = jnp.asarray([[3e4, -3e4, 2.9e4, 0.0]], jnp.float32)
+  logp = np.asarray(sampling.filtered_log_probs(logits, options))
+  assert np.isfinite(logp[0, 0]) and logp[0, 0] == 0.0
+  assert np.all(np.exp(logp[0, 1:]) == 0.0)
+  # Far below it (1e-35) the same division overflows: why there is a floor.
+  with np.errstate(over="ignore"):
+    assert not np.isfinite(np.float32(3e4) / np.float32(1e-35))

@@ -142,8 +142,9 @@ def test_bf16_inputs_give_float32_logits():
 
 def test_bad_inputs_raise():
   h, w, y = _rand(3)
-  with pytest.raises(ValueError, match="temperature"):
-    scoring.token_logprobs_from_hidden(h, w, y, 0.0, 4)
+  for temperature in (0.0, 1e-40, float("inf")):
+    with pytest.raises(ValueError, match="temperature"):
+      scoring.token_logprobs_from_hidden(h, w, y, temperature, 4)
   with pytest.raises(ValueError, match="chunk_size"):
     scoring.token_logprobs_from_hidden(h, w, y, 1.0, 0)
   with pytest.raises(ValueError, match="hidden size"):

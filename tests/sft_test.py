@@ -38,6 +38,12 @@ def tokenizer(task, tmp_path_factory):
   return models.load_tokenizer(sft.build_tokenizer(path, corpus, 400))
 
 
+def _small_config(**fields) -> config_lib.PretrainConfig:
+  """A PretrainConfig of a 32-wide model (compiles in seconds)."""
+  shape = config_lib.ModelShape(hidden_size=32, head_dim=8, mlp_dim=64)
+  return config_lib.PretrainConfig(model=shape, **fields)
+
+
 def test_tokenizer_splits_every_digit_and_has_chatml(tokenizer):
   ids = tokenizer("Answer: 90817", add_special_tokens=False)["input_ids"]
   pieces = [tokenizer.decode([i]) for i in ids]
@@ -238,12 +244,7 @@ def test_sft_loss_equals_a_direct_log_softmax(tokenizer):
 
 
 def test_pretrain_writes_one_complete_folder(task, tmp_path):
-  cfg = config_lib.PretrainConfig(
-      model=config_lib.ModelShape(hidden_size=32, head_dim=8, mlp_dim=64),
-      steps=3,
-      batch_size=4,
-      eval_problems=2,
-  )
+  cfg = _small_config(steps=3, batch_size=4, eval_problems=2)
   out = tmp_path / "base"
   info = sft.pretrain(cfg, task, out, num_agents=1)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no temps
@@ -269,16 +270,11 @@ def test_pretrain_failure_leaves_nothing(task, tmp_path, monkeypatch):
     raise RuntimeError("disk full")
 
   def no_training(cfg, config, *args, **kwargs):
-    return models.init_params(config, jax.random.key(0)), [1.0], 16
+    return models.init_params(config, jax.random.key(0)), [1.0], 16, []
 
   monkeypatch.setattr(sft, "train", no_training)
   monkeypatch.setattr(models, "save_hf", boom)
-  cfg = config_lib.PretrainConfig(
-      model=config_lib.ModelShape(hidden_size=32, head_dim=8, mlp_dim=64),
-      steps=1,
-      batch_size=2,
-      eval_problems=0,
-  )
+  cfg = _small_config(steps=1, batch_size=2, eval_problems=0)
   with pytest.raises(RuntimeError, match="disk full"):
     sft.pretrain(cfg, task, tmp_path / "base")
   assert not list(tmp_path.iterdir())
@@ -301,15 +297,90 @@ def test_diverged_pretrain_raises_and_writes_nothing(
     return step
 
   monkeypatch.setattr(sft, "make_train_step", fake_step_factory)
-  cfg = config_lib.PretrainConfig(
-      model=config_lib.ModelShape(hidden_size=32, head_dim=8, mlp_dim=64),
-      steps=25,
-      batch_size=2,
-      eval_problems=0,
-  )
+  cfg = _small_config(steps=25, batch_size=2, eval_problems=0)
   with pytest.raises(
       FloatingPointError,
       match=rf"loss {bad} at step {bad_step} \(pretrain.learning_rate=0.003\)",
   ):
     sft.pretrain(cfg, task, tmp_path / "base", num_agents=1)
   assert not list(tmp_path.iterdir())  # no base, no temporary folders
+
+
+def _scripted_step_factory(config, tx):
+  """A train step that leaves the params as they are (loss 1)."""
+  del config, tx
+
+  def step(params, opt_state, *batch):
+    del batch
+    return params, opt_state, jnp.float32(1.0)
+
+  return step
+
+
+def test_target_success_stops_at_the_first_check_reaching_it(
+    task, tmp_path, monkeypatch
+):
+  # Checks every 3 steps from step 5 (steps 6, 9, 12, ...) on the last 4
+  # train problems, held out of the fine-tuning data; the team's scripted
+  # success reaches 0.5 at the second check, so training stops at step 9.
+  successes = iter([0.25, 0.5, 1.0])
+  checked, trained = [], []
+
+  def fake_evaluate_base(config, params, tokenizer, task, examples, *a, **kw):
+    out_dir = pathlib.Path(kw["out_dir"])
+    out_dir.mkdir(parents=True)
+    (out_dir / "predictions.jsonl").write_text("")
+    if out_dir.parent.name.endswith("-checks"):  # a check, not the final eval
+      checked.append((out_dir.name, [e.uid for e in examples]))
+      return {"avg@1": next(successes)}
+    return {"avg@1": 0.0, "agent0/avg@1": 0.0, "no_answer_rate": 0.0}
+
+  batches = sft._Batches  # pylint: disable=protected-access
+
+  def recording_batches(task, examples, *args):
+    trained.extend(e.uid for e in examples)
+    return batches(task, examples, *args)
+
+  monkeypatch.setattr(sft, "make_train_step", _scripted_step_factory)
+  monkeypatch.setattr(sft, "evaluate_base", fake_evaluate_base)
+  monkeypatch.setattr(sft, "_Batches", recording_batches)
+  cfg = _small_config(
+      steps=20,
+      batch_size=2,
+      eval_problems=2,
+      target_success=0.5,
+      check_every=3,
+      check_from=5,
+      check_problems=4,
+  )
+  info = sft.pretrain(cfg, task, tmp_path / "base", num_agents=1)
+  held_out = [e.uid for e in task.load("train")][-4:]
+  assert [name for name, _ in checked] == ["step_6", "step_9"]
+  assert all(uids == held_out for _, uids in checked)
+  assert trained == [e.uid for e in task.load("train")][:-4]
+  assert info["steps_run"] == 9
+  assert info["checks"] == [
+      {"step": 6, "team_success": 0.25},
+      {"step": 9, "team_success": 0.5},
+  ]
+  assert sorted(p.name for p in (tmp_path / "base" / "checks").iterdir()) == [
+      "step_6",
+      "step_9",
+  ]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no temps
+
+
+def test_target_success_settings_are_checked(task, tmp_path):
+  for field, value in [
+      ("target_success", 1.5),
+      ("target_success", -0.1),
+      ("check_every", 0),
+      ("check_from", -1),
+      ("check_problems", 0),
+  ]:
+    with pytest.raises(ValueError, match=f"pretrain.{field}"):
+      _small_config(**{field: value})
+  cfg = _small_config(steps=2, target_success=0.5, check_problems=30)
+  with pytest.raises(ValueError, match="check_problems=30 leaves no training"):
+    sft.pretrain(cfg, task, tmp_path / "base", num_agents=1)
+  assert not list(tmp_path.iterdir())

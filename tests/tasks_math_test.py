@@ -226,6 +226,7 @@ def test_safe_evaluator_by_hand():
   assert ev("8/(3-8/3)") == (24, [8, 3, 8, 3])  # exact fractions
   assert ev("7/2") == (fractions.Fraction(7, 2), [7, 2])
   assert ev("6×4÷2") == (12, [6, 4, 2])
+  assert ev(" (10 + 0) * 2 ") == (20, [10, 0, 2])
   for bad in [
       "__import__('os').system('true')",
       "2**10",
@@ -235,6 +236,10 @@ def test_safe_evaluator_by_hand():
       "x+1",
       "abs(3)",
       "(1,2)",
+      "1_0+3",
+      "0x10-3",
+      "0o7*2",
+      "0b11+1",
       "1+" * 200 + "1",
   ]:
     with pytest.raises(countdown.ExpressionError):

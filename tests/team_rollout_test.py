@@ -8,6 +8,7 @@ architecture for the whole module.
 import dataclasses
 import functools
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -315,6 +316,11 @@ def test_mesh_num_devices_is_checked():
     sharding.make_mesh(sharding.MeshConfig(num_devices=9))
   mesh = sharding.make_mesh(sharding.MeshConfig(num_devices=2))
   assert mesh.devices.ravel().tolist() == jax.devices()[:2]
+  # Devices of two processes (stand-ins: only process_index is read before
+  # the refusal): the first n would leave a process out of the mesh.
+  two_hosts = [types.SimpleNamespace(process_index=i // 4) for i in range(8)]
+  with pytest.raises(ValueError, match="num_devices=2: .* single process"):
+    sharding.make_mesh(sharding.MeshConfig(num_devices=2), two_hosts)
 
 
 # --------------------------------------------------------------- bad input

@@ -174,14 +174,63 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_process_run_matches_one_device(
+def _run_two_processes(tmp_path, config_py, workdir, tag, *overrides):
+  """Runs `sat-jax train` as two processes of one job; returns their logs."""
+  port = _free_port()
+  procs, logs = [], []
+  for i in range(2):
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        SAT_JAX_DISTRIBUTED="1",
+        JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+        JAX_NUM_PROCESSES="2",
+        JAX_PROCESS_ID=str(i),
+    )
+    logs.append(tmp_path / f"{tag}_process_{i}.log")
+    with open(logs[-1], "wb") as log:
+      procs.append(
+          subprocess.Popen(
+              [
+                  sys.executable,
+                  "-m",
+                  "sat_jax.main",
+                  "train",
+                  f"--config={config_py}",
+                  f"--workdir={workdir}",
+                  *overrides,
+              ],
+              env=env,
+              stdout=log,
+              stderr=subprocess.STDOUT,
+          )
+      )
+  try:
+    codes = [p.wait(timeout=600) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  tails = "\n".join(
+      f"--- {tag}, process {i} ---\n" + log.read_text(errors="replace")[-3000:]
+      for i, log in enumerate(logs)
+  )
+  assert codes == [0, 0], tails
+  return logs
+
+
+def test_two_process_run_resumes_and_matches_one_device(
     tmp_path, tiny_model, one_device_run
 ):
   # Multi-host as on a pod: two `sat-jax train` processes with 4 CPU devices
   # each (gloo between them), one 2x2x2 mesh over all 8, the same workdir.
-  # Only process 0 writes run files (duplicated metrics rows would fail the
-  # row comparison); the checkpoint both wrote restores on one device.
+  # The job first stops after stage 1 and is then rerun to its 2 stages, as
+  # a preempted pod job is: both processes restore the stage-1 checkpoint and
+  # continue. Only process 0 writes run files (duplicated metrics rows would
+  # fail the row comparison); the checkpoint both wrote restores on one
+  # device.
   config_one, dir_one = one_device_run
+  assert config_one.num_stages == 2
   config = dataclasses.replace(
       config_one,
       mesh=sharding.MeshConfig(axes=tuple(zip(sharding.MESH_AXES, (2, 2, 2)))),
@@ -196,47 +245,16 @@ def test_two_process_run_matches_one_device(
       )
   )
   workdir = tmp_path / "two"
-  port = _free_port()
-  procs, logs = [], []
-  for i in range(2):
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
-        JAX_PLATFORMS="cpu",
-        SAT_JAX_DISTRIBUTED="1",
-        JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-        JAX_NUM_PROCESSES="2",
-        JAX_PROCESS_ID=str(i),
-    )
-    logs.append(tmp_path / f"process_{i}.log")
-    with open(logs[-1], "wb") as log:
-      procs.append(
-          subprocess.Popen(
-              [
-                  sys.executable,
-                  "-m",
-                  "sat_jax.main",
-                  "train",
-                  f"--config={config_py}",
-                  f"--workdir={workdir}",
-              ],
-              env=env,
-              stdout=log,
-              stderr=subprocess.STDOUT,
-          )
-      )
-  try:
-    codes = [p.wait(timeout=600) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  tails = "\n".join(
-      f"--- process {i} ---\n" + log.read_text(errors="replace")[-3000:]
-      for i, log in enumerate(logs)
+  _run_two_processes(
+      tmp_path, config_py, workdir, "first", "--config.num_stages=1"
   )
-  assert codes == [0, 0], tails
-  _assert_same_rows(dir_one, workdir)
   one = sharding.make_mesh(config_one.mesh, jax.devices()[:1])
+  _, cursor = e2e.final_params(workdir, config_one, one)
+  assert cursor["stage"] == 1
+  logs = _run_two_processes(tmp_path, config_py, workdir, "rerun")
+  for log in logs:  # both processes restored stage 1 and ran stage 2 only
+    assert "resuming after stage 1" in log.read_text(errors="replace")
+  _assert_same_rows(dir_one, workdir)
   params_one, _ = e2e.final_params(dir_one, config_one, one)
   params_two, cursor = e2e.final_params(workdir, config_one, one)
   assert cursor["stage"] == config.num_stages

@@ -36,6 +36,9 @@ _BINOPS = {
 _SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
 
+_DECIMAL_RE = re.compile(r"[0-9]+")
+
+
 class ExpressionError(ValueError):
   """The expression is not a valid countdown expression."""
 
@@ -43,7 +46,8 @@ class ExpressionError(ValueError):
 def evaluate_expression(text: str) -> tuple[fractions.Fraction, list[int]]:
   """Exact value of an arithmetic expression and the integer literals it uses.
 
-  Raises ExpressionError for anything but integer literals, binary + - * /
+  Raises ExpressionError for anything but decimal integer literals (no
+  `1_0`, `0x10`), binary + - * /
   and parentheses (names, calls, unary minus, powers, floats), for division
   by zero, and for text longer than MAX_EXPRESSION_CHARS.
   """
@@ -62,6 +66,13 @@ def evaluate_expression(text: str) -> tuple[fractions.Fraction, list[int]]:
     if isinstance(node, ast.Constant):
       if type(node.value) is not int:  # bool is an int subclass: excluded.
         raise ExpressionError(f"only integer literals, got {node.value!r}")
+      # Python also reads 1_0, 0x10, 0o7 and 0b1 as ints; a countdown number
+      # is written in plain decimal digits.
+      literal = ast.get_source_segment(text, node)
+      if literal is None or not _DECIMAL_RE.fullmatch(literal):
+        raise ExpressionError(
+            f"only plain decimal integers, got {literal or node.value!r}"
+        )
       numbers.append(node.value)
       return fractions.Fraction(node.value)
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:

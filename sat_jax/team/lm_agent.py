@@ -58,11 +58,12 @@ class LMAgent:
       raise TypeError(
           f"LMAgent.config must be a ModelConfig, got {type(self.config)}"
       )
-    if not self.temperature > 0:
+    if self.temperature == 0:
       raise ValueError(
-          f"LMAgent.temperature={self.temperature} must be > 0 (training"
-          " samples at it; greedy decoding has no scored distribution)"
+          "LMAgent.temperature=0 must be > 0 (training samples at it; greedy"
+          " decoding has no scored distribution)"
       )
+    scoring.check_temperature(self.temperature, "LMAgent.temperature")
     if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
       raise ValueError(f"LMAgent.chunk_size={self.chunk_size} must be >= 1")
 
