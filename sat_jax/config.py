@@ -205,12 +205,13 @@ class PretrainConfig:
   relay).
 
   With `target_success` > 0 the warm start stops early: every `check_every`
-  steps from `check_from` on, the team of base copies answers `check_problems` train problems held
-  out of the fine-tuning data (one sample each, at eval_temperature), and
-  training stops after the first check whose team success reaches
-  `target_success`; `steps` is then the most it runs (and the learning-rate
-  schedule's length). Where a fixed step count lands varies with the host
-  and the data (a base that solves 5% or 60%); a target lands near it.
+  steps from `check_from` on, the team of base copies answers
+  `check_problems` train problems held out of the fine-tuning data (one
+  sample each, at eval_temperature), and training stops after the first
+  check whose team success reaches `target_success`; `steps` is then the
+  most it runs (and the learning-rate schedule's length). Where a fixed step
+  count lands varies with the host and the data (a base that solves 5% or
+  60%); a target lands near it.
   """
 
   model: ModelShape = ModelShape()
@@ -236,13 +237,17 @@ class PretrainConfig:
   def __post_init__(self):
     if self.tokenizer is not None and not pathlib.Path(self.tokenizer).is_dir():
       _fail("pretrain.tokenizer", self.tokenizer, "an existing folder or None")
-    fields = ("tokenizer_vocab_size", "steps", "batch_size", "positions")
-    for field in fields + ("check_every", "check_problems"):
+    for field in (
+        "tokenizer_vocab_size",
+        "steps",
+        "batch_size",
+        "positions",
+        "check_every",
+        "check_problems",
+    ):
       _check_int(f"pretrain.{field}", getattr(self, field), 1)
-    ok = isinstance(self.target_success, (int, float)) and not isinstance(
-        self.target_success, bool
-    )
-    if not ok or not 0 <= self.target_success <= 1:
+    _check_pos("pretrain.target_success", self.target_success, allow_zero=True)
+    if self.target_success > 1:
       _fail("pretrain.target_success", self.target_success, "in [0, 1]")
     for field in (
         "warmup_steps",

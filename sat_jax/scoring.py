@@ -67,10 +67,6 @@ def check_temperature(
     )
 
 
-def _check_temperature(temperature: float) -> None:
-  check_temperature(temperature)
-
-
 def _check_hidden(h_BxTxD: jax.Array, w_DxV: jax.Array, name: str) -> None:
   if h_BxTxD.ndim != 3 or w_DxV.ndim != 2:
     raise ValueError(
@@ -248,7 +244,7 @@ def token_logprobs_from_hidden(
   Differentiable in h and w; one [B, chunk_size, V] f32 chunk at a time.
   """
   _check_targets(h_BxTxD, w_DxV, targets_BxT, "token_logprobs_from_hidden")
-  _check_temperature(temperature)
+  check_temperature(temperature)
   (logp_BxT,) = _logprobs(
       h_BxTxD, w_DxV, targets_BxT, temperature, chunk_size, False
   )
@@ -269,7 +265,7 @@ def token_logprobs_and_entropy_from_hidden(
   _check_targets(
       h_BxTxD, w_DxV, targets_BxT, "token_logprobs_and_entropy_from_hidden"
   )
-  _check_temperature(temperature)
+  check_temperature(temperature)
   return _logprobs(h_BxTxD, w_DxV, targets_BxT, temperature, chunk_size, True)
 
 
@@ -381,7 +377,7 @@ def kl_from_hidden(
         f"kl_from_hidden: vocab sizes differ: new {w_new_DxV.shape[1]}, old"
         f" {w_old_DxV.shape[1]}"
     )
-  _check_temperature(temperature)
+  check_temperature(temperature)
   kl_BxT = _kl(
       h_new_BxTxD, w_new_DxV, h_old_BxTxD, w_old_DxV, temperature, chunk_size
   )

@@ -393,9 +393,8 @@ def train(
 
   cfg.steps steps, or fewer with cfg.target_success > 0: then every
   cfg.check_every steps from cfg.check_from on, `check(params, step)` gives
-  the team's success, and
-  training stops after the first check that reaches the target. `checks`
-  lists {"step", "team_success"} of every check made.
+  the team's success, and training stops after the first check that reaches
+  the target. `checks` lists {"step", "team_success"} of every check made.
   """
   if cfg.target_success > 0 and check is None:
     raise ValueError("pretrain.target_success > 0 needs a check function")
