@@ -82,17 +82,17 @@ def pieced_logprobs(h_BxTxD, w_DxV, targets_BxT, pieces, chunk=128):
     return (z_y_BxC - m_BxC) - jnp.log(s_BxC)
 
   # The library's chunking along T, so only the head differs.
-  xs = (scoring._to_chunks(h_BxTxD, c), scoring._to_chunks(targets_BxT, c))
-  return scoring._from_chunks(scoring._map(chunk_fn, xs), t)
+  xs = (scoring.to_chunks(h_BxTxD, c), scoring.to_chunks(targets_BxT, c))
+  return scoring.from_chunks(scoring.map_chunks(chunk_fn, xs), t)
 
 
 def _model_logprobs(config, params, tokens_BxT, mask_BxT, pieces):
   """`scoring.token_logprobs` (no positions) with the pieced head."""
   h_BxTxD = models.hidden_states(config, params, tokens_BxT, mask_BxT)
   w_DxV = models.unembed_matrix(config, params)
-  h_BxTxD, next_BxT = scoring._at_positions(h_BxTxD, tokens_BxT, None)
+  h_BxTxD, next_BxT = scoring.at_positions(h_BxTxD, tokens_BxT, None)
   logp_BxT = pieced_logprobs(h_BxTxD, w_DxV, next_BxT, pieces)
-  return scoring._to_positions(logp_BxT, mask_BxT, None)
+  return scoring.to_positions(logp_BxT, mask_BxT, None)
 
 
 def _compare(label, ref_fn, variants, repeats):

@@ -33,6 +33,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "evaluate a trained team checkpoint on a task or benchmark",
     ),
+    "export": (
+        "sat_jax.commands.export",
+        "main",
+        "write one agent of a team checkpoint as a Hugging Face folder",
+    ),
+    "swap": (
+        "sat_jax.commands.swap",
+        "main",
+        "put a stronger model into one slot of a trained team (Stage 0)",
+    ),
 }
 
 

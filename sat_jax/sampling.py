@@ -317,9 +317,13 @@ def default_cache_dtype(param_dtype: Any, backend: str | None = None):
   return dtype
 
 
-def _generate(config, options, params, tokens_BxP, mask_BxP, key):
-  """Prefill, then decode until N tokens or every row is done (jitted)."""
-  _TRACES[0] += 1
+def model_decoder(config, options, params, tokens_BxP, mask_BxP):
+  """Prefills one model's KV cache (inside jit).
+
+  Returns (logits_BxV at each row's last real prompt token, cache, step)
+  with step(prev_B, cache) -> (logits_BxV, cache) for the next token: what
+  `decode` runs. Other samplers (`sat_jax.stage0.product`) combine several.
+  """
   b, p = tokens_BxP.shape
   n = options.max_new_tokens
   cache_dtype = options.cache_dtype or default_cache_dtype(
@@ -351,49 +355,76 @@ def _generate(config, options, params, tokens_BxP, mask_BxP, key):
   last_B = p - 1 - jnp.argmax(mask_BxP[:, ::-1], axis=1)
   h_BxD = jnp.take_along_axis(h_BxPxD, last_B[:, None, None], axis=1)[:, 0]
   logits = transformer.logits_from_hidden(config, params, h_BxD, w_DxV)
-  token, logp = sample_from_logits(logits, jax.random.fold_in(key, 0), options)
+
+  def step(prev_B, cache):
+    h, cache = transformer.hidden_states_cached(
+        config, params, prev_B[:, None], cache
+    )
+    return transformer.logits_from_hidden(config, params, h[:, 0], w_DxV), cache
+
+  return logits, cache, step
+
+
+def decode(first_logits_BxV, carry, step, options, key, filler_B):
+  """Draws token 0 from `first_logits_BxV`, then loops (inside jit).
+
+  step(prev_B, carry) -> (logits_BxV, carry) gives the logits of the next
+  token; the loop runs until N tokens or every row is done. `filler_B`:
+  rows with no real prompt token (no new tokens).
+  """
+  b = first_logits_BxV.shape[0]
+  n = options.max_new_tokens
+  token, logp = sample_from_logits(
+      first_logits_BxV, jax.random.fold_in(key, 0), options
+  )
   pad = jnp.int32(options.pad_token_id)
-  # Filler rows (no real prompt token) are done before they start: no new
-  # token, so that they never keep the decode loop running by themselves.
-  filler_B = jnp.sum(mask_BxP, axis=1) == 0
+  # Filler rows are done before they start: no new token, so that they
+  # never keep the decode loop running by themselves.
   token = jnp.where(filler_B, pad, token)
   logp = jnp.where(filler_B, 0.0, logp)
   tokens_BxN = jnp.full((b, n), pad).at[:, 0].set(token)
   logprobs_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(logp)
   done = _is_stop(token, options) | filler_B
   lengths = (~filler_B).astype(jnp.int32)
-  state = (jnp.int32(1), token, done, lengths, tokens_BxN, logprobs_BxN, cache)
+  state = (jnp.int32(1), token, done, lengths, tokens_BxN, logprobs_BxN, carry)
 
   def cond(state):
-    step, _, done, *_ = state
-    return (step < n) & ~jnp.all(done)
+    i, _, done, *_ = state
+    return (i < n) & ~jnp.all(done)
 
   def body(state):
-    step, prev, done, lengths, tokens_BxN, logprobs_BxN, cache = state
-    h, cache = transformer.hidden_states_cached(
-        config, params, prev[:, None], cache
-    )
-    logits = transformer.logits_from_hidden(config, params, h[:, 0], w_DxV)
+    i, prev, done, lengths, tokens_BxN, logprobs_BxN, carry = state
+    logits, carry = step(prev, carry)
     token, logp = sample_from_logits(
-        logits, jax.random.fold_in(key, step), options
+        logits, jax.random.fold_in(key, i), options
     )
     token = jnp.where(done, pad, token)
     logp = jnp.where(done, 0.0, logp)
     tokens_BxN = jax.lax.dynamic_update_slice(
-        tokens_BxN, token[:, None], (0, step)
+        tokens_BxN, token[:, None], (0, i)
     )
     logprobs_BxN = jax.lax.dynamic_update_slice(
-        logprobs_BxN, logp[:, None], (0, step)
+        logprobs_BxN, logp[:, None], (0, i)
     )
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | _is_stop(token, options)
-    return step + 1, token, done, lengths, tokens_BxN, logprobs_BxN, cache
+    return i + 1, token, done, lengths, tokens_BxN, logprobs_BxN, carry
 
   _, _, _, lengths, tokens_BxN, logprobs_BxN, _ = jax.lax.while_loop(
       cond, body, state
   )
   mask_BxN = (jnp.arange(n)[None, :] < lengths[:, None]).astype(jnp.int32)
   return SampleOutput(tokens_BxN, logprobs_BxN, mask_BxN, lengths)
+
+
+def _generate(config, options, params, tokens_BxP, mask_BxP, key):
+  """Prefill, then decode until N tokens or every row is done (jitted)."""
+  _TRACES[0] += 1
+  logits, cache, step = model_decoder(
+      config, options, params, tokens_BxP, mask_BxP
+  )
+  filler_B = jnp.sum(mask_BxP, axis=1) == 0
+  return decode(logits, cache, step, options, key, filler_B)
 
 
 _generate_jit = jax.jit(_generate, static_argnums=(0, 1))
@@ -463,6 +494,19 @@ def sample(
   are not read back to check them; their padding ids may be anything).
   Rows with an all-zero mask are batch filler: they get no new tokens.
   """
+  tokens, mask = prepare_prompts(
+      config, prompt_tokens_BxP, prompt_mask_BxP, options
+  )
+  return _generate_jit(config, options, params, tokens, mask, key)
+
+
+def prepare_prompts(
+    config: config_lib.ModelConfig,
+    prompt_tokens_BxP: jax.Array,
+    prompt_mask_BxP: jax.Array,
+    options: SamplingOptions,
+) -> tuple[jax.Array, jax.Array]:
+  """The checks and padding of `sample`: device (tokens, mask) [B, bucket]."""
   if (
       prompt_tokens_BxP.ndim != 2
       or prompt_tokens_BxP.shape != prompt_mask_BxP.shape
@@ -518,4 +562,4 @@ def sample(
     tokens, mask = _pad_left_jit(
         prompt_tokens_BxP, prompt_mask_BxP, bucket, options.pad_token_id
     )
-  return _generate_jit(config, options, params, tokens, mask, key)
+  return tokens, mask

@@ -29,6 +29,11 @@ over all T tokens, but the unembedding and the softmax over V, the larger
 part of a small model's scoring, run on those A states only; every other
 position of the [B, T] result is 0. `action_positions` builds them from a
 mask.
+
+The chunk helpers (`chunk_logits`, `to_chunks`, `map_chunks`,
+`from_chunks`, `backprop_logits`, `at_positions`, `to_positions`) are
+public so that other chunked kernels (`sat_jax.stage0.distill`) follow the
+same scheme.
 """
 
 import functools
@@ -67,7 +72,7 @@ def check_temperature(
     )
 
 
-def _check_hidden(h_BxTxD: jax.Array, w_DxV: jax.Array, name: str) -> None:
+def check_hidden(h_BxTxD: jax.Array, w_DxV: jax.Array, name: str) -> None:
   if h_BxTxD.ndim != 3 or w_DxV.ndim != 2:
     raise ValueError(
         f"{name}: expected h [B, T, D] and w [D, V], got {h_BxTxD.shape} and"
@@ -80,7 +85,7 @@ def _check_hidden(h_BxTxD: jax.Array, w_DxV: jax.Array, name: str) -> None:
     )
 
 
-def _chunk_logits(
+def chunk_logits(
     h_BxCxD: jax.Array, w_DxV: jax.Array, temperature: float
 ) -> jax.Array:
   """float32 logits / temperature of one chunk."""
@@ -91,7 +96,7 @@ def _chunk_logits(
   return logits_BxCxV / temperature
 
 
-def _to_chunks(x_BxT: jax.Array, c: int) -> jax.Array:
+def to_chunks(x_BxT: jax.Array, c: int) -> jax.Array:
   """[B, T, ...] -> [n, B, C, ...], T zero-padded up to n * C."""
   b, t = x_BxT.shape[:2]
   n = -(-t // c)
@@ -100,25 +105,25 @@ def _to_chunks(x_BxT: jax.Array, c: int) -> jax.Array:
   return jnp.moveaxis(x, 1, 0)
 
 
-def _from_chunks(x_NxBxC: jax.Array, t: int) -> jax.Array:
-  """Inverse of `_to_chunks`: [n, B, C, ...] -> [B, T, ...]."""
+def from_chunks(x_NxBxC: jax.Array, t: int) -> jax.Array:
+  """Inverse of `to_chunks`: [n, B, C, ...] -> [B, T, ...]."""
   n, b, c = x_NxBxC.shape[:3]
   x = jnp.moveaxis(x_NxBxC, 0, 1).reshape((b, n * c) + x_NxBxC.shape[3:])
   return x[:, :t]
 
 
-def _chunk_len(chunk_size: int, t: int) -> int:
+def chunk_len(chunk_size: int, t: int) -> int:
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
   return min(chunk_size, t)
 
 
-def _map(fn, xs):
+def map_chunks(fn, xs):
   """ys = [fn(*x) for x in zip(*xs)] as a `lax.scan` (one chunk live)."""
   return jax.lax.scan(lambda _, x: (None, fn(*x)), None, xs)[1]
 
 
-def _backprop_logits(dz_BxCxV, h_BxCxD, w_DxV, temperature):
+def backprop_logits(dz_BxCxV, h_BxCxD, w_DxV, temperature):
   """(dh in h's dtype, dw in float32) from the cotangent of z = h w / tau."""
   dz_BxCxV = (dz_BxCxV / temperature).astype(w_DxV.dtype)
   dh_BxCxD = jnp.einsum(
@@ -164,10 +169,10 @@ def _logprobs_fwd(
     h_BxTxD, w_DxV, targets_BxT, temperature, chunk_size, entropy
 ):
   t = h_BxTxD.shape[1]
-  c = _chunk_len(chunk_size, t)
+  c = chunk_len(chunk_size, t)
 
   def chunk(h_BxCxD, targets_BxC):
-    z_BxCxV = _chunk_logits(h_BxCxD, w_DxV, temperature)
+    z_BxCxV = chunk_logits(h_BxCxD, w_DxV, temperature)
     m_BxC, s_BxC = _normaliser(z_BxCxV)
     z_y_BxC = jnp.take_along_axis(z_BxCxV, targets_BxC[..., None], -1)[..., 0]
     logp_BxC = (z_y_BxC - m_BxC) - s_BxC
@@ -178,10 +183,10 @@ def _logprobs_fwd(
     entropy_BxC = -jnp.sum(jnp.exp(logq_BxCxV) * logq_BxCxV, axis=-1)
     return (logp_BxC, entropy_BxC), (m_BxC, s_BxC, entropy_BxC)
 
-  outs, stats = _map(
-      chunk, (_to_chunks(h_BxTxD, c), _to_chunks(targets_BxT, c))
+  outs, stats = map_chunks(
+      chunk, (to_chunks(h_BxTxD, c), to_chunks(targets_BxT, c))
   )
-  outs = tuple(_from_chunks(y, t) for y in outs)
+  outs = tuple(from_chunks(y, t) for y in outs)
   return outs, (h_BxTxD, w_DxV, targets_BxT, stats)
 
 
@@ -191,12 +196,12 @@ def _logprobs_bwd(temperature, chunk_size, entropy, res, g):
   # between large logits.
   h_BxTxD, w_DxV, targets_BxT, stats = res
   t = h_BxTxD.shape[1]
-  c = _chunk_len(chunk_size, t)
+  c = chunk_len(chunk_size, t)
   vocab_1x1xV = jnp.arange(w_DxV.shape[1], dtype=targets_BxT.dtype)[None, None]
 
   def chunk(dw_DxV, xs):
     h_BxCxD, targets_BxC, g_chunks, stat_chunks = xs
-    z_BxCxV = _chunk_logits(h_BxCxD, w_DxV, temperature)
+    z_BxCxV = chunk_logits(h_BxCxD, w_DxV, temperature)
     logq_BxCxV = _log_softmax(z_BxCxV, stat_chunks[:2])
     p_BxCxV = jnp.exp(logq_BxCxV)
     onehot_BxCxV = vocab_1x1xV == targets_BxC[..., None]
@@ -204,26 +209,26 @@ def _logprobs_bwd(temperature, chunk_size, entropy, res, g):
     if entropy:
       h_Bx1xC = stat_chunks[2][..., None]
       dz_BxCxV -= g_chunks[1][..., None] * p_BxCxV * (logq_BxCxV + h_Bx1xC)
-    dh_BxCxD, dw_chunk = _backprop_logits(dz_BxCxV, h_BxCxD, w_DxV, temperature)
+    dh_BxCxD, dw_chunk = backprop_logits(dz_BxCxV, h_BxCxD, w_DxV, temperature)
     return dw_DxV + dw_chunk, dh_BxCxD
 
   xs = (
-      _to_chunks(h_BxTxD, c),
-      _to_chunks(targets_BxT, c),
-      tuple(_to_chunks(gi, c) for gi in g),
+      to_chunks(h_BxTxD, c),
+      to_chunks(targets_BxT, c),
+      tuple(to_chunks(gi, c) for gi in g),
       stats,
   )
   dw_DxV, dh_chunks = jax.lax.scan(
       chunk, jnp.zeros(w_DxV.shape, jnp.float32), xs
   )
-  return _from_chunks(dh_chunks, t), dw_DxV.astype(w_DxV.dtype), None
+  return from_chunks(dh_chunks, t), dw_DxV.astype(w_DxV.dtype), None
 
 
 _logprobs.defvjp(_logprobs_fwd, _logprobs_bwd)
 
 
 def _check_targets(h_BxTxD, w_DxV, targets_BxT, name):
-  _check_hidden(h_BxTxD, w_DxV, name)
+  check_hidden(h_BxTxD, w_DxV, name)
   if targets_BxT.shape != h_BxTxD.shape[:2]:
     raise ValueError(
         f"{name}: targets {targets_BxT.shape} do not match h"
@@ -286,26 +291,26 @@ def _kl_fwd(
     h_new_BxTxD, w_new_DxV, h_old_BxTxD, w_old_DxV, temperature, chunk_size
 ):
   t = h_new_BxTxD.shape[1]
-  c = _chunk_len(chunk_size, t)
+  c = chunk_len(chunk_size, t)
 
   def chunk(h_new_BxCxD, h_old_BxCxD):
     # KL = sum_v p_v (log p_v - log q_v): one fused reduction over the two
     # logits chunks (z new, y old), so no log_softmax or probability array
     # is kept besides them. (Not sum_v p_v (z_v - y_v) + lse(y) - lse(z),
     # which cancels large terms when p is peaked.)
-    z_BxCxV = _chunk_logits(h_new_BxCxD, w_new_DxV, temperature)
-    y_BxCxV = _chunk_logits(h_old_BxCxD, w_old_DxV, temperature)
+    z_BxCxV = chunk_logits(h_new_BxCxD, w_new_DxV, temperature)
+    y_BxCxV = chunk_logits(h_old_BxCxD, w_old_DxV, temperature)
     norm_z, norm_y = _normaliser(z_BxCxV), _normaliser(y_BxCxV)
     logp_BxCxV = _log_softmax(z_BxCxV, norm_z)
     d_BxCxV = logp_BxCxV - _log_softmax(y_BxCxV, norm_y)
     kl_BxC = jnp.sum(jnp.exp(logp_BxCxV) * d_BxCxV, axis=-1)
     return kl_BxC, (kl_BxC,) + norm_z + norm_y
 
-  kl_chunks, stats = _map(
-      chunk, (_to_chunks(h_new_BxTxD, c), _to_chunks(h_old_BxTxD, c))
+  kl_chunks, stats = map_chunks(
+      chunk, (to_chunks(h_new_BxTxD, c), to_chunks(h_old_BxTxD, c))
   )
   res = (h_new_BxTxD, w_new_DxV, h_old_BxTxD, w_old_DxV, stats)
-  return _from_chunks(kl_chunks, t), res
+  return from_chunks(kl_chunks, t), res
 
 
 def _kl_bwd(temperature, chunk_size, res, g_BxT):
@@ -314,12 +319,12 @@ def _kl_bwd(temperature, chunk_size, res, g_BxT):
   # code and are dropped (JAX's scan DCE and XLA).
   h_new, w_new, h_old, w_old, stats = res
   t = h_new.shape[1]
-  c = _chunk_len(chunk_size, t)
+  c = chunk_len(chunk_size, t)
 
   def chunk(dws, xs):
     h_new_BxCxD, h_old_BxCxD, g_BxC, (kl_BxC, *norms) = xs
-    z_BxCxV = _chunk_logits(h_new_BxCxD, w_new, temperature)
-    y_BxCxV = _chunk_logits(h_old_BxCxD, w_old, temperature)
+    z_BxCxV = chunk_logits(h_new_BxCxD, w_new, temperature)
+    y_BxCxV = chunk_logits(h_old_BxCxD, w_old, temperature)
     logp_BxCxV = _log_softmax(z_BxCxV, norms[:2])
     logq_BxCxV = _log_softmax(y_BxCxV, norms[2:])
     p_BxCxV = jnp.exp(logp_BxCxV)
@@ -327,20 +332,20 @@ def _kl_bwd(temperature, chunk_size, res, g_BxT):
     g_BxCx1 = g_BxC[..., None]
     dz = g_BxCx1 * p_BxCxV * (d_BxCxV - kl_BxC[..., None])
     dy = g_BxCx1 * (jnp.exp(logq_BxCxV) - p_BxCxV)
-    dh_new, dw_new = _backprop_logits(dz, h_new_BxCxD, w_new, temperature)
-    dh_old, dw_old = _backprop_logits(dy, h_old_BxCxD, w_old, temperature)
+    dh_new, dw_new = backprop_logits(dz, h_new_BxCxD, w_new, temperature)
+    dh_old, dw_old = backprop_logits(dy, h_old_BxCxD, w_old, temperature)
     return (dws[0] + dw_new, dws[1] + dw_old), (dh_new, dh_old)
 
   zeros = (
       jnp.zeros(w_new.shape, jnp.float32),
       jnp.zeros(w_old.shape, jnp.float32),
   )
-  xs = (_to_chunks(h_new, c), _to_chunks(h_old, c), _to_chunks(g_BxT, c), stats)
+  xs = (to_chunks(h_new, c), to_chunks(h_old, c), to_chunks(g_BxT, c), stats)
   (dw_new, dw_old), (dh_new, dh_old) = jax.lax.scan(chunk, zeros, xs)
   return (
-      _from_chunks(dh_new, t),
+      from_chunks(dh_new, t),
       dw_new.astype(w_new.dtype),
-      _from_chunks(dh_old, t),
+      from_chunks(dh_old, t),
       dw_old.astype(w_old.dtype),
   )
 
@@ -365,8 +370,8 @@ def kl_from_hidden(
   arrays; under `jax.grad` w.r.t. the new side alone nothing is computed for
   the old side's gradient.
   """
-  _check_hidden(h_new_BxTxD, w_new_DxV, "kl_from_hidden (new)")
-  _check_hidden(h_old_BxTxD, w_old_DxV, "kl_from_hidden (old)")
+  check_hidden(h_new_BxTxD, w_new_DxV, "kl_from_hidden (new)")
+  check_hidden(h_old_BxTxD, w_old_DxV, "kl_from_hidden (old)")
   if h_new_BxTxD.shape[:2] != h_old_BxTxD.shape[:2]:
     raise ValueError(
         f"kl_from_hidden: h_new {h_new_BxTxD.shape} and h_old"
@@ -453,7 +458,7 @@ def _check_positions(positions_BxA, tokens_BxT, name):
     raise ValueError(f"{name}: positions have dtype {positions_BxA.dtype}")
 
 
-def _at_positions(h_BxTxD, tokens_BxT, positions_BxA):
+def at_positions(h_BxTxD, tokens_BxT, positions_BxA):
   """(h at each position's state, the token there): the head's inputs.
 
   Without positions: every state, aligned (row t scores token t + 1).
@@ -465,7 +470,7 @@ def _at_positions(h_BxTxD, tokens_BxT, positions_BxA):
   return h_BxAxD, jnp.take_along_axis(tokens_BxT, positions_BxA, axis=1)
 
 
-def _to_positions(values_BxA, mask_BxT, positions_BxA):
+def to_positions(values_BxA, mask_BxT, positions_BxA):
   """The head's [B, A] (or aligned [B, T]) values as action-position [B, T]."""
   if positions_BxA is None:
     return _to_action_positions(values_BxA, mask_BxT)
@@ -476,7 +481,7 @@ def _to_positions(values_BxA, mask_BxT, positions_BxA):
   return out_BxT * _state_mask(mask_BxT)
 
 
-def _checked_tokens(tokens_BxT, mask_BxT, name):
+def checked_tokens(tokens_BxT, mask_BxT, name):
   """Checks the shapes; returns the tokens with padding ids set to 0.
 
   Padding ids are arbitrary; one outside the vocabulary, scored as a
@@ -508,17 +513,17 @@ def token_logprobs(
   model body in the backward pass (passed to `models.hidden_states`).
   `positions_BxA`: only those positions (module docstring).
   """
-  tokens_BxT = _checked_tokens(tokens_BxT, mask_BxT, "token_logprobs")
+  tokens_BxT = checked_tokens(tokens_BxT, mask_BxT, "token_logprobs")
   _check_positions(positions_BxA, tokens_BxT, "token_logprobs")
   h_BxTxD = models.hidden_states(
       config, params, tokens_BxT, mask_BxT, remat=remat
   )
   w_DxV = models.unembed_matrix(config, params)
-  h_head, targets = _at_positions(h_BxTxD, tokens_BxT, positions_BxA)
+  h_head, targets = at_positions(h_BxTxD, tokens_BxT, positions_BxA)
   values = token_logprobs_from_hidden(
       h_head, w_DxV, targets, temperature, chunk_size
   )
-  return _to_positions(values, mask_BxT, positions_BxA)
+  return to_positions(values, mask_BxT, positions_BxA)
 
 
 def token_logprobs_and_entropy(
@@ -533,7 +538,7 @@ def token_logprobs_and_entropy(
     positions_BxA: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """`token_logprobs` and the entropy of the distribution at each state."""
-  tokens_BxT = _checked_tokens(
+  tokens_BxT = checked_tokens(
       tokens_BxT, mask_BxT, "token_logprobs_and_entropy"
   )
   _check_positions(positions_BxA, tokens_BxT, "token_logprobs_and_entropy")
@@ -541,13 +546,13 @@ def token_logprobs_and_entropy(
       config, params, tokens_BxT, mask_BxT, remat=remat
   )
   w_DxV = models.unembed_matrix(config, params)
-  h_head, targets = _at_positions(h_BxTxD, tokens_BxT, positions_BxA)
+  h_head, targets = at_positions(h_BxTxD, tokens_BxT, positions_BxA)
   logp, entropy = token_logprobs_and_entropy_from_hidden(
       h_head, w_DxV, targets, temperature, chunk_size
   )
   return (
-      _to_positions(logp, mask_BxT, positions_BxA),
-      _to_positions(entropy, mask_BxT, positions_BxA),
+      to_positions(logp, mask_BxT, positions_BxA),
+      to_positions(entropy, mask_BxT, positions_BxA),
   )
 
 
@@ -578,14 +583,14 @@ def state_kl(
         "state_kl: the two models must share a vocabulary, got vocab_size"
         f" {config_new.vocab_size} (new) and {config_old.vocab_size} (old)"
     )
-  tokens_BxT = _checked_tokens(tokens_BxT, mask_BxT, "state_kl")
+  tokens_BxT = checked_tokens(tokens_BxT, mask_BxT, "state_kl")
   _check_positions(positions_BxA, tokens_BxT, "state_kl")
   # Only the new side is rematted: the old one has no backward pass.
   h_new_BxTxD = models.hidden_states(
       config_new, params_new, tokens_BxT, mask_BxT, remat=remat
   )
   kl = kl_from_hidden(
-      _at_positions(h_new_BxTxD, tokens_BxT, positions_BxA)[0],
+      at_positions(h_new_BxTxD, tokens_BxT, positions_BxA)[0],
       models.unembed_matrix(config_new, params_new),
       kl_reference_hidden(
           config_old,
@@ -598,7 +603,7 @@ def state_kl(
       temperature,
       chunk_size,
   )
-  return _to_positions(kl, mask_BxT, positions_BxA)
+  return to_positions(kl, mask_BxT, positions_BxA)
 
 
 def kl_reference_hidden(
@@ -614,10 +619,10 @@ def kl_reference_hidden(
   only on params_old and the tokens, so an update that measures the KL
   against fixed params_old many times computes it once.
   """
-  tokens_BxT = _checked_tokens(tokens_BxT, mask_BxT, "kl_reference_hidden")
+  tokens_BxT = checked_tokens(tokens_BxT, mask_BxT, "kl_reference_hidden")
   _check_positions(positions_BxA, tokens_BxT, "kl_reference_hidden")
   h_BxTxD = models.hidden_states(config, params_old, tokens_BxT, mask_BxT)
-  return _at_positions(h_BxTxD, tokens_BxT, positions_BxA)[0]
+  return at_positions(h_BxTxD, tokens_BxT, positions_BxA)[0]
 
 
 def token_logprobs_and_state_kl(
@@ -643,7 +648,7 @@ def token_logprobs_and_state_kl(
   calls (the old model's body pass is then skipped; params_old only gives
   its output matrix).
   """
-  tokens_BxT = _checked_tokens(
+  tokens_BxT = checked_tokens(
       tokens_BxT, mask_BxT, "token_logprobs_and_state_kl"
   )
   _check_positions(positions_BxA, tokens_BxT, "token_logprobs_and_state_kl")
@@ -651,7 +656,7 @@ def token_logprobs_and_state_kl(
       config, params_new, tokens_BxT, mask_BxT, remat=remat
   )
   w_new_DxV = models.unembed_matrix(config, params_new)
-  h_new, targets = _at_positions(h_new_BxTxD, tokens_BxT, positions_BxA)
+  h_new, targets = at_positions(h_new_BxTxD, tokens_BxT, positions_BxA)
   if reference_hidden is None:
     h_old = kl_reference_hidden(
         config, params_old, tokens_BxT, mask_BxT, positions_BxA=positions_BxA
@@ -676,6 +681,6 @@ def token_logprobs_and_state_kl(
       chunk_size,
   )
   return (
-      _to_positions(logp, mask_BxT, positions_BxA),
-      _to_positions(kl, mask_BxT, positions_BxA),
+      to_positions(logp, mask_BxT, positions_BxA),
+      to_positions(kl, mask_BxT, positions_BxA),
   )

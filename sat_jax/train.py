@@ -216,7 +216,7 @@ def load_run_config(workdir: pathlib.Path) -> config_lib.TrainConfig:
   return config_lib.from_dict(io_utils.read_json(path))
 
 
-def _eval_row(summary: dict[str, Any]) -> dict[str, Any]:
+def eval_row(summary: dict[str, Any]) -> dict[str, Any]:
   row = {}
   for key, value in summary.items():
     if key in ("generate_s", "score_s"):
@@ -279,7 +279,7 @@ def _write_samples(path: pathlib.Path, result: team_lib.RolloutResult):
   io_utils.atomic_write_jsonl(path, rows)
 
 
-def _log(writer, rows: list, step: int, row: dict, kind: str) -> dict:
+def log_row(writer, rows: list, step: int, row: dict, kind: str) -> dict:
   """Writes one metrics row and keeps it (with step and kind) in `rows`."""
   rows.append(dict(writer.write(step, row, kind=kind), step=step, kind=kind))
   return rows[-1]
@@ -449,7 +449,7 @@ def train_and_evaluate(
           jax.random.fold_in(key_eval, step),
           workdir / "eval" / f"step_{step}",
       )
-      _log(writer, rows, step, _eval_row(summary), "eval")
+      log_row(writer, rows, step, eval_row(summary), "eval")
       return summary
 
     def commit(stage: int) -> None:
@@ -463,7 +463,7 @@ def train_and_evaluate(
     if last is None:
       start = 0
       if pretrain_info is not None:
-        _log(writer, rows, 0, _pretrain_row(pretrain_info), "pretrain")
+        log_row(writer, rows, 0, _pretrain_row(pretrain_info), "pretrain")
       evaluate(0)
       commit(0)
 
@@ -486,7 +486,7 @@ def train_and_evaluate(
       if multihost.is_primary():
         _write_samples(workdir / "samples" / f"stage_{stage}.jsonl", results[0])
       for j, agent_row in sorted(agent_rows.items()):
-        _log(writer, rows, stage, agent_row, f"agent{j}")
+        log_row(writer, rows, stage, agent_row, f"agent{j}")
       summary = None
       t1 = time.perf_counter()
       if stage % config.eval.every_stages == 0 or stage == config.num_stages:
@@ -494,7 +494,7 @@ def train_and_evaluate(
       stage_row["time_eval_s"] = time.perf_counter() - t1
       stage_row["time_update_s"] = t_update - stage_row["time_rollout_s"]
       stage_row["time_stage_s"] = time.perf_counter() - t0
-      _log(writer, rows, stage, stage_row, "stage")
+      log_row(writer, rows, stage, stage_row, "stage")
       commit(stage)
       postfix = {
           "reward": f"{record.mean_reward:.3f}",

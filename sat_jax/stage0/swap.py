@@ -1,0 +1,307 @@
+"""`swap`: plug a stronger model into slot j of a trained team (Stage 0).
+
+    report = swap.swap(source_workdir, agent=j, model_dir=..., out=...)
+
+Reads the run in `source_workdir` (its config.json and a team checkpoint,
+the latest by default), fits the new model to the projection of itself onto
+slot j's trust region on states of the current team (`fit.py`), and writes
+a new run directory `out` in which only slot j changed:
+
+  out/config.json          the source config, team[j] now the new model
+                           (with slot j's tokenizer)
+  out/checkpoints/0/       the team: slot j the fitted model with a fresh
+                           optimizer state, every other slot copied value
+                           for value (params, optimizer state, beta, delta)
+  out/metrics.jsonl        step 0: a "swap" row, and an "eval" row of the
+                           swapped team when the config evaluates
+  out/eval/step_0/         that evaluation's predictions
+  out/swap.json            the report: fit history, held-out accuracy of
+                           the team before and after the swap
+  out/pretrain/            copied from the source (entries that say
+                           "pretrain" still resolve)
+
+`sat-jax train --workdir out` then continues SAT training from stage 0 of
+the swapped team. Everything is built in a temporary sibling folder and
+renamed into place at the end, so an interrupted swap leaves no `out`.
+
+Same tokenizer only: the new model must share slot j's vocabulary (the
+message-level projection for different tokenizers is not built).
+"""
+
+import dataclasses
+import math
+import pathlib
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from absl import logging
+import jax
+
+from sat_jax import checkpoint as checkpoint_lib
+from sat_jax import config as config_lib
+from sat_jax import io_utils
+from sat_jax import metrics as metrics_lib
+from sat_jax import models
+from sat_jax import sharding
+from sat_jax import team as team_lib
+from sat_jax import train
+from sat_jax.core import agent as agent_lib
+from sat_jax.stage0 import fit as fit_lib
+from sat_jax.tasks import registry
+
+REPORT_FILE = "swap.json"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+class SwapError(ValueError):
+  """The swap cannot be done as asked; the message names what."""
+
+
+def _check_tokenizer(model_dir: pathlib.Path, slot_tokenizer: Any) -> None:
+  """A tokenizer shipped with the new model must be slot j's vocabulary."""
+  if not any((model_dir / f).is_file() for f in _TOKENIZER_FILES):
+    return
+  own = models.load_tokenizer(model_dir)
+  if own.get_vocab() != slot_tokenizer.get_vocab():
+    raise SwapError(
+        f"{model_dir}: its tokenizer differs from the slot's; Stage 0 with"
+        " different tokenizers (the message-level projection) is not built"
+    )
+
+
+def _load_model(model_dir, dtype, mesh):
+  config = models.config_from_hf(model_dir)
+  abstract = jax.eval_shape(
+      lambda k: models.init_params(config, k, dtype), jax.random.key(0)
+  )
+  shardings = sharding.logical_to_sharding(
+      models.param_axes(config), mesh, shapes=abstract
+  )
+  return config, models.load_hf(model_dir, dtype, shardings=shardings)[1]
+
+
+def swap(
+    source: str | pathlib.Path,
+    agent: int,
+    model_dir: str | pathlib.Path,
+    out: str | pathlib.Path,
+    *,
+    step: int | None = None,
+    fit_overrides: dict[str, Any] | None = None,
+    evaluate: bool = True,
+    seed: int = 0,
+) -> dict[str, Any]:
+  """Writes the swapped run in `out` (module docstring); returns the report."""
+  t_start = time.perf_counter()
+  source = io_utils.local_path(source, "source workdir")
+  out = io_utils.local_path(out, "out")
+  model_dir = pathlib.Path(model_dir).resolve()
+  if out.exists():
+    raise SwapError(f"out={out} exists; the swap writes a new run directory")
+  if not model_dir.is_dir():
+    raise SwapError(f"model={model_dir}: no such folder")
+  config = train.load_run_config(source)
+  n = config.num_agents
+  if not 0 <= agent < n:
+    raise SwapError(f"agent={agent} is not a slot of the team of {n}")
+  task = registry.get_task(config.task.name, **config.task.kwargs)
+  mesh = sharding.make_mesh(config.mesh)
+  key = jax.random.key(seed)
+  with jax.set_mesh(mesh), sharding.logical_rules(config.mesh.logical_rules()):
+    team = train.build_team(config, task, source, mesh, allow_pretrain=False)
+    with checkpoint_lib.TeamCheckpointer(
+        source / "checkpoints", read_only=True
+    ) as ckpt:
+      step = ckpt.latest_step() if step is None else step
+      if step is None:
+        raise SwapError(f"{source}/checkpoints holds no team checkpoint")
+      states, metas, _ = ckpt.restore(step, train.initial_state(team, config))
+    _check_tokenizer(model_dir, team.tokenizers[agent])
+    entry = config.team[agent]
+    new_config, new_params = _load_model(
+        model_dir, jax.numpy.dtype(entry.dtype), mesh
+    )
+    cur_config = team.agents[agent].config
+    if new_config.vocab_size != cur_config.vocab_size:
+      raise SwapError(
+          f"{model_dir}: vocab_size {new_config.vocab_size} != slot"
+          f" {agent}'s {cur_config.vocab_size}"
+      )
+    params = agent_lib.team_params(states)
+    rollout_fn = team_lib.make_rollout_fn(
+        team.agents,
+        team.tokenizers,
+        task,
+        task.load(config.rollout.split),
+        config.protocol,
+        num_prompts=config.rollout.prompts_per_stage,
+        group_size=config.rollout.group_size,
+        **train.sampling_mesh(config),
+    )
+
+    def draw_states(k: jax.Array) -> fit_lib.States:
+      view = rollout_fn(params, k).views[agent]
+      rollout_fn.pop_results()
+      return fit_lib.States(
+          view.inputs["tokens_ExT"],
+          view.inputs["mask_ExT"],
+          view.mask_ExT,
+          view.inputs.get("positions_ExA"),
+      )
+
+    delta0 = config.agent_deltas()[agent]
+    fit_cfg = None
+    if math.isfinite(delta0):
+      fit_cfg = fit_lib.FitConfig(**{
+          "delta0": delta0,
+          "quantile": config.sat.update.quantile,
+          "temperature": config.agent_temperature(agent),
+          **(fit_overrides or {}),
+      })
+      result = fit_lib.fit(
+          fit_cfg,
+          fit_lib.Model(new_config, new_params),
+          fit_lib.Model(cur_config, params[agent]),
+          draw_states,
+          jax.random.fold_in(key, 0),
+      )
+      if not result.inside:
+        raise SwapError(
+            "the fitted model's KL quantile"
+            f" {result.history[-1]['kl_quantile']:.4g} is still above"
+            f" {fit_cfg.bound:.4g} after {result.steps} steps; raise"
+            " max_steps or learning_rate (nothing was written)"
+        )
+      fitted, history = result.params, result.history
+    else:  # no trust region: the new model enters as it is
+      fitted, history = new_params, []
+
+    new_agent = team_lib.LMAgent(new_config, config.agent_temperature(agent))
+    new_entry = dataclasses.replace(
+        entry, model=str(model_dir), tokenizer=metas[agent]["tokenizer"]
+    )
+    new_run = dataclasses.replace(
+        config,
+        team=config.team[:agent] + (new_entry,) + config.team[agent + 1 :],
+    )
+    new_team = train.Team(
+        team.agents[:agent] + (new_agent,) + team.agents[agent + 1 :],
+        team.tokenizers,
+        params[:agent] + (fitted,) + params[agent + 1 :],
+        team.metas[:agent]
+        + (
+            {
+                **team.metas[agent],
+                "model": str(model_dir),
+                "model_config": config_lib.to_plain(new_config),
+                "swapped_from_step": step,
+            },
+        )
+        + team.metas[agent + 1 :],
+    )
+    fresh = train.initial_state(new_team, new_run)[agent]
+    new_states = states[:agent] + (fresh,) + states[agent + 1 :]
+    report = {
+        "source": str(source),
+        "source_step": step,
+        "agent": agent,
+        "model": str(model_dir),
+        "delta0": delta0,
+        "fit": None if fit_cfg is None else dataclasses.asdict(fit_cfg),
+        "fit_steps": len(history) and history[-1]["step"],
+        "history": history,
+    }
+    tmp = pathlib.Path(
+        tempfile.mkdtemp(prefix=f".{out.name}-swap-", dir=out.parent)
+    )
+    try:
+      _write_run(
+          tmp,
+          source,
+          new_run,
+          new_team,
+          new_states,
+          report,
+          evaluate,
+          key,
+          task,
+          config,
+          team,
+          params,
+      )  # pyformat: disable
+      report = io_utils.read_json(tmp / REPORT_FILE)
+      tmp.rename(out)
+    except BaseException:
+      shutil.rmtree(tmp, ignore_errors=True)
+      raise
+  logging.info(
+      "swap: slot %d of %s (step %d) -> %s in %.0f s; report %s",
+      agent,
+      source,
+      step,
+      model_dir,
+      time.perf_counter() - t_start,
+      out / REPORT_FILE,
+  )
+  return report
+
+
+def _write_run(
+    tmp,
+    source,
+    new_run,
+    new_team,
+    new_states,
+    report,
+    evaluate,
+    key,
+    task,
+    config,
+    team,
+    params,
+):  # pyformat: disable
+  """Everything of the new run directory, in `tmp`."""
+  if (source / "pretrain").is_dir():
+    shutil.copytree(source / "pretrain", tmp / "pretrain")
+  writer = metrics_lib.MetricsWriter(tmp)
+  writer.write_config(config_lib.to_dict(new_run))
+  rows: list = []
+  examples = list(task.load(config.eval.split))[: config.eval.num_problems]
+  if evaluate and examples:
+    key_eval = jax.random.fold_in(key, 1)
+    before = train.evaluate_team(
+        team, params, task, examples, config, key_eval, tmp / "eval" / "source"
+    )
+    after = train.evaluate_team(
+        new_team,
+        new_team.params,
+        task,
+        examples,
+        config,
+        key_eval,
+        tmp / "eval" / "step_0",
+    )
+    shutil.rmtree(tmp / "eval" / "source")
+    report["eval_before"] = train.eval_row(before)
+    report["eval_after"] = train.eval_row(after)
+    train.log_row(writer, rows, 0, train.eval_row(after), "eval")
+  last = report["history"][-1] if report["history"] else {}
+  swap_row = {
+      "agent": report["agent"],
+      "source_step": report["source_step"],
+      "fit_steps": report["fit_steps"],
+      **{f"fit_{k}": v for k, v in last.items() if k != "step"},
+  }
+  train.log_row(writer, rows, 0, swap_row, "swap")
+  writer.close()
+  cursor = {
+      "stage": 0,
+      "num_stages": new_run.num_stages,
+      "swap": {"source": str(source), "agent": report["agent"]},
+  }
+  with checkpoint_lib.TeamCheckpointer(tmp / "checkpoints") as ckpt:
+    ckpt.save(0, new_states, new_team.metas, cursor)
+    ckpt.wait_until_finished()
+  io_utils.atomic_write_json(tmp / REPORT_FILE, report)
