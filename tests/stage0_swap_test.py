@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import pathlib
+import subprocess
 import sys
 
 import jax
@@ -20,7 +21,8 @@ from sat_jax.core import objective
 from sat_jax.stage0 import swap as swap_lib
 from sat_jax.tasks import registry
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+_TESTS = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(_TESTS))
 import train_e2e_test as e2e  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -123,10 +125,26 @@ def test_swap_changes_one_slot_fits_its_trust_region_and_training_goes_on(
   # Untrained optimizer state for the new slot.
   assert int(jax.tree.leaves(new_states[1].opt_state)[0]) == 0
 
-  summary = train.train_and_evaluate(new_config, out, progress=False)
-  assert summary["stages_completed"] == 1
-  assert set(summary["accuracy"]) == {0, 1}
-  assert summary["accuracy"][0] == report["eval_after"]["avg@2"]
+  # The command line goes on with the run's own config (and a new count).
+  cli = (
+      f"import sys; sys.path.insert(0, {str(_TESTS)!r}); import"
+      " train_e2e_test; from sat_jax import main; main.run(['sat-jax',"
+      " 'train'] + sys.argv[1:])"
+  )
+  proc = subprocess.run(
+      [sys.executable, "-c", cli, f"--workdir={out}", "--num_stages=2"],
+      capture_output=True,
+      text=True,
+      timeout=900,
+      check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "resuming after stage 0" in proc.stderr
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["stages_completed"] == 2
+  assert train.load_run_config(out).num_stages == 2
+  assert {"0", "2"} <= set(summary["accuracy"])
+  assert summary["accuracy"]["0"] == report["eval_after"]["avg@2"]
 
 
 def test_swap_refuses_bad_requests_and_writes_nothing(source_run, tmp_path):

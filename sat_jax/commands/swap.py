@@ -8,7 +8,8 @@ The new model must share the slot's tokenizer. It is fitted to its
 projection onto the slot's trust region (DESIGN §5) on states of the
 current team, and written with the other agents unchanged into a new run
 directory (`sat_jax.stage0.swap`). Fit settings: --max_steps,
---learning_rate, --steps_per_batch, --target_fraction, --slack.
+--learning_rate, --steps_per_batch, --target_fraction, --penalty,
+--slack.
 """
 
 from typing import Sequence
@@ -29,13 +30,18 @@ _OUT = flags.DEFINE_string(
 _STEP = flags.DEFINE_integer(
     "step", None, "Team checkpoint to start from (default: the latest)."
 )
-_MAX_STEPS = flags.DEFINE_integer("max_steps", 200, "Most fitting steps.")
-_LEARNING_RATE = flags.DEFINE_float("learning_rate", 1e-4, "AdamW rate.")
+_MAX_STEPS = flags.DEFINE_integer("max_steps", 300, "Most fitting steps.")
+_LEARNING_RATE = flags.DEFINE_float(
+    "learning_rate", 1e-4, "Peak AdamW rate (cosine decay to max_steps)."
+)
 _STEPS_PER_BATCH = flags.DEFINE_integer(
-    "steps_per_batch", 4, "Fitting steps per rollout of states."
+    "steps_per_batch", 8, "Fitting steps per rollout of states."
 )
 _TARGET_FRACTION = flags.DEFINE_float(
     "target_fraction", 0.5, "Projection radius as a fraction of delta."
+)
+_PENALTY = flags.DEFINE_float(
+    "penalty", 10.0, "Weight of the KL-excess penalty of the fit loss."
 )
 _SLACK = flags.DEFINE_float(
     "slack", 0.0, "Accept KL quantile <= delta + slack."
@@ -64,6 +70,7 @@ def main(argv: Sequence[str]) -> None:
           "steps_per_batch": _STEPS_PER_BATCH.value,
           "target_fraction": _TARGET_FRACTION.value,
           "slack": _SLACK.value,
+          "penalty": _PENALTY.value,
       },
       evaluate=_EVAL.value,
       seed=_SEED.value,

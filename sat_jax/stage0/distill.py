@@ -182,32 +182,38 @@ def projected_kl(
     *,
     positions_BxA: jax.Array | None = None,
     remat: bool = False,
-) -> tuple[jax.Array, jax.Array]:
-  """(KL(pi_new || pi_student), beta) by action position, [B, T] each.
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """By action position, [B, T] each: KL(pi_new || pi_student), beta, and
+  KL(pi_student || pi_cur) (the monitored statistic, differentiable too).
 
   `h_pre` / `h_cur`: `teacher_hidden` of pi_pre / pi_cur on the same tokens
   and positions (fixed during distillation: computed once per batch).
   Position t scores the state tokens[:t], as in `sat_jax.scoring`; 0 where
-  t has no state (or is not among `positions_BxA`).
+  t has no state (or is not among `positions_BxA`). Under jit an unused
+  third output costs nothing.
   """
   tokens_BxT = scoring.checked_tokens(tokens_BxT, mask_BxT, "projected_kl")
   h_BxTxD = models.hidden_states(
       config_student, params_student, tokens_BxT, mask_BxT, remat=remat
   )
   h_s = scoring.at_positions(h_BxTxD, tokens_BxT, positions_BxA)[0]
+  w_s = models.unembed_matrix(config_student, params_student)
+  w_cur_DxV = jax.lax.stop_gradient(w_cur_DxV)
   loss, beta = projected_kl_from_hidden(
       h_s,
-      models.unembed_matrix(config_student, params_student),
+      w_s,
       h_pre,
       jax.lax.stop_gradient(w_pre_DxV),
       h_cur,
-      jax.lax.stop_gradient(w_cur_DxV),
+      w_cur_DxV,
       delta0,
       temperature,
       chunk_size,
   )
-  to_positions = scoring.to_positions
-  return (
-      to_positions(loss, mask_BxT, positions_BxA),
-      to_positions(beta, mask_BxT, positions_BxA),
+  kl_cur = scoring.kl_from_hidden(
+      h_s, w_s, h_cur, w_cur_DxV, temperature, chunk_size
+  )
+  return tuple(
+      scoring.to_positions(x, mask_BxT, positions_BxA)
+      for x in (loss, beta, kl_cur)
   )
