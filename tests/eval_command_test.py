@@ -20,7 +20,9 @@ import pytest
 import jax
 
 from sat_jax import config as config_lib
+from sat_jax import models
 from sat_jax import sharding
+from sat_jax import testing
 from sat_jax import train
 
 _TESTS = pathlib.Path(__file__).resolve().parent
@@ -181,3 +183,46 @@ def test_eval_rejects_meaningless_counts(tmp_path):
   assert done.returncode != 0
   assert "ValueError: --num_problems=-1: must be >= 0" in done.stderr
   assert "no such directory" not in done.stderr
+
+
+@pytest.mark.slow  # three evaluations; the default suite has
+# tests/stage0_product_team_test.py for the same path in-process.
+def test_a_product_slot_at_zero_radius_evaluates_like_the_team(
+    saved_team, tmp_path
+):
+  # Stage 0 at decoding time: with delta0 = 0 the product of experts is the
+  # slot's own model, so the predictions match the plain team's exactly.
+  config = testing.tiny_config("qwen3", num_layers=1, hidden_size=48)
+  params = jax.jit(models.init_params, static_argnums=0)(
+      config, jax.random.key(11)
+  )
+  params = jax.tree.map(lambda x: x * 4 if x.ndim >= 2 else x, params)
+  models.save_hf(tmp_path / "pre", config, params)
+  common = (f"--workdir={saved_team}", "--k=2", "--num_problems=2")
+  plain = _eval(*common, f"--out={tmp_path / 'plain'}")
+  assert plain.returncode == 0, plain.stderr[-3000:]
+  prod = _eval(
+      *common,
+      f"--out={tmp_path / 'product'}",
+      "--product_agent=1",
+      f"--product_model={tmp_path / 'pre'}",
+      "--product_delta=0",
+  )
+  assert prod.returncode == 0, prod.stderr[-3000:]
+  assert _rows(tmp_path / "product") == _rows(tmp_path / "plain")
+  # A wide ball lets the other model speak in slot 1.
+  wide = _eval(
+      *common,
+      f"--out={tmp_path / 'wide'}",
+      "--product_agent=1",
+      f"--product_model={tmp_path / 'pre'}",
+      "--product_delta=1000",
+  )
+  assert wide.returncode == 0, wide.stderr[-3000:]
+  assert _rows(tmp_path / "wide") != _rows(tmp_path / "plain")
+  meta = json.loads((tmp_path / "product" / "summary.json").read_text())["meta"]
+  assert meta["product"] == {
+      "agent": 1,
+      "model": str(tmp_path / "pre"),
+      "delta0": 0.0,
+  }

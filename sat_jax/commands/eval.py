@@ -12,6 +12,13 @@ the last message; vote: the voted answer; solo: the pool's vote) and each
 agent's own avg@K. Writes predictions.jsonl, summary.json and summary.md to
 --out (default <workdir>/evals/<task>_step<step>). The team is rebuilt from
 the run's config.json and restored from checkpoints/<step>.
+
+  sat-jax eval --workdir runs/demo --product_agent 1 \
+      --product_model /models/stronger --product_delta 0.1
+
+evaluates the team with slot 1 sampled from the product of experts of the
+stronger model and its own (Stage 0 at decoding time, DESIGN §5 (a);
+`sat_jax.stage0.product`).
 """
 
 import dataclasses
@@ -29,6 +36,7 @@ from sat_jax import sharding
 from sat_jax import train
 from sat_jax.core import agent as agent_lib
 from sat_jax.eval import runner
+from sat_jax.stage0 import swap
 from sat_jax.tasks import registry
 
 _WORKDIR = flags.DEFINE_string(
@@ -55,6 +63,22 @@ _BATCH_SIZE = flags.DEFINE_integer(
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the samples.")
 _OUT = flags.DEFINE_string("out", None, "Output folder.")
+
+
+_PRODUCT_AGENT = flags.DEFINE_integer(
+    "product_agent",
+    None,
+    "Stage 0 at decoding time: sample this slot from the product of experts"
+    " of --product_model and the slot's own model.",
+)
+_PRODUCT_MODEL = flags.DEFINE_string(
+    "product_model", None, "Local HF folder of the stronger model (pi_pre)."
+)
+_PRODUCT_DELTA = flags.DEFINE_float(
+    "product_delta",
+    None,
+    "The projection's radius (default: the slot's delta).",
+)
 
 
 def parse_kwargs(items: Sequence[str]) -> dict[str, Any]:
@@ -155,9 +179,30 @@ def main(argv: Sequence[str]) -> None:
     )
     state, _, cursor = ckpt.restore(step, train.initial_state(team, config))
     ckpt.close()
+    params = agent_lib.team_params(state)
+    product = None
+    if _PRODUCT_AGENT.value is not None:
+      j = _PRODUCT_AGENT.value
+      if not 0 <= j < config.num_agents:
+        raise ValueError(
+            f"--product_agent={j} is not a slot of the team of"
+            f" {config.num_agents}"
+        )
+      delta0 = _PRODUCT_DELTA.value
+      delta0 = config.agent_deltas()[j] if delta0 is None else delta0
+      team, params = swap.product_team(
+          team,
+          params,
+          j,
+          _PRODUCT_MODEL.value,
+          delta0,
+          jax.numpy.dtype(config.team[j].dtype),
+          mesh,
+      )
+      product = {"agent": j, "model": _PRODUCT_MODEL.value, "delta0": delta0}
     summary = train.evaluate_team(
         team,
-        agent_lib.team_params(state),
+        params,
         task,
         examples,
         config,
@@ -174,6 +219,7 @@ def main(argv: Sequence[str]) -> None:
             "router": protocol.router,
             "rounds": protocol.rounds,
             "split": _SPLIT.value,
+            "product": product,
         },
     )
   logging.info("wrote %s: %s", out, summary)

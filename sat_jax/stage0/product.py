@@ -15,6 +15,10 @@ models' full forward logits gives the same values.
 The two models must share the vocabulary (the same tokenizer); they may
 differ in everything else. One compile per (configs, options, delta0,
 batch, bucket).
+
+`ProductAgent` puts it into a team for evaluation (`make_generate_fn`,
+`sat-jax eval --product_agent j --product_model DIR`): the slot's params
+are the pair (pre_params, cur_params) and its turns are sampled here.
 """
 
 import dataclasses
@@ -26,6 +30,7 @@ import jax.numpy as jnp
 from sat_jax import sampling
 from sat_jax.models import config as config_lib
 from sat_jax.stage0 import projection
+from sat_jax.team import lm_agent as lm_agent_lib
 
 PyTree = Any
 
@@ -128,3 +133,56 @@ def sample(
       mask,
       key,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class ProductAgent(lm_agent_lib.LMAgent):
+  """A team slot that samples the product of experts (evaluation only).
+
+  `config` is pi_cur's, the slot's own model (the team's context and
+  tokenizer checks read it), `pre_config` pi_pre's; the slot's params are
+  the pair (pre_params, cur_params). Its turns are drawn by `sample` at the
+  options' temperature. Nothing trains it: the scoring methods raise, and
+  a training rollout refuses it.
+  """
+
+  pre_config: config_lib.ModelConfig | None = None
+  delta0: float = 0.0
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not isinstance(self.pre_config, config_lib.ModelConfig):
+      raise TypeError(
+          "ProductAgent.pre_config must be a ModelConfig, got"
+          f" {type(self.pre_config)}"
+      )
+    check_pair(self.pre_config, self.config)
+    if not 0 <= self.delta0 < float("inf"):
+      raise ValueError(f"ProductAgent.delta0={self.delta0} must be >= 0")
+
+  @property
+  def param_configs(self) -> tuple[config_lib.ModelConfig, ...]:
+    """The configs of the params pair, in order."""
+    return (self.pre_config, self.config)
+
+  def sample(self, params, tokens_BxP, mask_BxP, options, key):
+    pre_params, cur_params = params
+    return sample(
+        self.pre_config,
+        pre_params,
+        self.config,
+        cur_params,
+        tokens_BxP,
+        mask_BxP,
+        options,
+        self.delta0,
+        key,
+    )
+
+  def _not_trainable(self, *args, **kwargs):
+    raise NotImplementedError(
+        "ProductAgent samples at decoding time only; distil it into a model"
+        " (`sat-jax swap`) to train"
+    )
+
+  token_logprobs = kl_reference = logprobs_and_kl = state_kl = _not_trainable

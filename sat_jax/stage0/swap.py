@@ -34,7 +34,7 @@ import pathlib
 import shutil
 import tempfile
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from absl import logging
 import jax
@@ -49,6 +49,7 @@ from sat_jax import team as team_lib
 from sat_jax import train
 from sat_jax.core import agent as agent_lib
 from sat_jax.stage0 import fit as fit_lib
+from sat_jax.stage0 import product
 from sat_jax.tasks import registry
 
 REPORT_FILE = "swap.json"
@@ -71,7 +72,8 @@ def _check_tokenizer(model_dir: pathlib.Path, slot_tokenizer: Any) -> None:
     )
 
 
-def _load_model(model_dir, dtype, mesh):
+def load_model(model_dir, dtype, mesh):
+  """(config, params) of a local HF folder, params sharded on `mesh`."""
   config = models.config_from_hf(model_dir)
   abstract = jax.eval_shape(
       lambda k: models.init_params(config, k, dtype), jax.random.key(0)
@@ -120,7 +122,7 @@ def swap(
       states, metas, _ = ckpt.restore(step, train.initial_state(team, config))
     _check_tokenizer(model_dir, team.tokenizers[agent])
     entry = config.team[agent]
-    new_config, new_params = _load_model(
+    new_config, new_params = load_model(
         model_dir, jax.numpy.dtype(entry.dtype), mesh
     )
     cur_config = team.agents[agent].config
@@ -305,3 +307,46 @@ def _write_run(
     ckpt.save(0, new_states, new_team.metas, cursor)
     ckpt.wait_until_finished()
   io_utils.atomic_write_json(tmp / REPORT_FILE, report)
+
+
+def product_team(
+    team: train.Team,
+    params: Sequence[Any],
+    agent: int,
+    model_dir: str | pathlib.Path,
+    delta0: float,
+    dtype: Any,
+    mesh: jax.sharding.Mesh,
+) -> tuple[train.Team, tuple[Any, ...]]:
+  """(team, params) with slot `agent` the product of experts of the model in
+  `model_dir` (pi_pre) and the slot's own (pi_cur): decoding-time Stage 0,
+  for evaluation (`product.ProductAgent`; `sat-jax eval --product_agent`).
+  """
+  if not 0 <= agent < len(team.agents):
+    raise SwapError(
+        f"agent={agent} is not a slot of the team of {len(team.agents)}"
+    )
+  model_dir = pathlib.Path(model_dir)
+  if not model_dir.is_dir():
+    raise SwapError(f"model={model_dir}: no such folder")
+  _check_tokenizer(model_dir, team.tokenizers[agent])
+  pre_config, pre_params = load_model(model_dir, dtype, mesh)
+  cur = team.agents[agent]
+  if pre_config.vocab_size != cur.config.vocab_size:
+    raise SwapError(
+        f"{model_dir}: vocab_size {pre_config.vocab_size} != slot"
+        f" {agent}'s {cur.config.vocab_size}"
+    )
+  slot = product.ProductAgent(
+      cur.config,
+      cur.temperature,
+      cur.chunk_size,
+      cur.remat,
+      pre_config=pre_config,
+      delta0=delta0,
+  )
+  agents = team.agents[:agent] + (slot,) + team.agents[agent + 1 :]
+  params = tuple(params)
+  pair = (pre_params, params[agent])
+  new_params = params[:agent] + (pair,) + params[agent + 1 :]
+  return dataclasses.replace(team, agents=agents, params=new_params), new_params

@@ -159,6 +159,11 @@ class LMSpeaker:
       )
     if training:
       for k, (agent, opt) in enumerate(zip(agents, options)):
+        if hasattr(agent, "sample"):
+          raise ValueError(
+              f"agent {k} ({type(agent).__name__}) samples with its own"
+              " function and cannot be trained: evaluation only"
+          )
         check_training_options(k, agent, opt)
     self.agents, self.renderers, self.options = agents, renderers, options
     self.cfg = cfg
@@ -178,8 +183,7 @@ class LMSpeaker:
           f"{len(params)} parameter sets for {len(self.agents)} agents"
       )
     self.params = tuple(
-        self._to_sampling_mesh(agent.config, p)
-        for agent, p in zip(self.agents, params)
+        self._placed(agent, p) for agent, p in zip(self.agents, params)
     )
     self.streams = [
         [transcript_lib.Stream() for _ in self.agents]
@@ -189,6 +193,18 @@ class LMSpeaker:
       r.clear_cache()
     self.timing = dict.fromkeys(self.timing, 0.0)
     self.calls = 0
+
+  def _placed(self, agent, params: PyTree):
+    """An agent's params on the sampling mesh (a pair for a ProductAgent)."""
+    configs = getattr(agent, "param_configs", None)
+    if configs is None:
+      return self._to_sampling_mesh(agent.config, params)
+    if len(params) != len(configs):
+      raise ValueError(
+          f"{type(agent).__name__} takes {len(configs)} parameter sets, got"
+          f" {len(params)}"
+      )
+    return tuple(self._to_sampling_mesh(c, p) for c, p in zip(configs, params))
 
   def _to_sampling_mesh(self, config: models.ModelConfig, params: PyTree):
     if self.sampling_mesh is None:
@@ -271,6 +287,9 @@ class LMSpeaker:
           key, jax.sharding.NamedSharding(self.sampling_mesh, _REPLICATED)
       )
     self.calls += 1
+    own = getattr(self.agents[agent], "sample", None)  # e.g. a ProductAgent
+    if own is not None:
+      return own(self.params[agent], tokens, mask, opts, key)
     return sampling.sample(
         self.agents[agent].config,
         self.params[agent],
