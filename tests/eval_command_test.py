@@ -198,28 +198,24 @@ def test_a_product_slot_at_zero_radius_evaluates_like_the_team(
   )
   params = jax.tree.map(lambda x: x * 4 if x.ndim >= 2 else x, params)
   models.save_hf(tmp_path / "pre", config, params)
-  common = (f"--workdir={saved_team}", "--k=2", "--num_problems=2")
-  plain = _eval(*common, f"--out={tmp_path / 'plain'}")
-  assert plain.returncode == 0, plain.stderr[-3000:]
-  prod = _eval(
-      *common,
-      f"--out={tmp_path / 'product'}",
-      "--product_agent=1",
-      f"--product_model={tmp_path / 'pre'}",
-      "--product_delta=0",
-  )
-  assert prod.returncode == 0, prod.stderr[-3000:]
-  assert _rows(tmp_path / "product") == _rows(tmp_path / "plain")
+
+  def rows(name: str, *product: str) -> list[dict]:
+    out = tmp_path / name
+    done = _eval(
+        f"--workdir={saved_team}",
+        "--k=2",
+        "--num_problems=2",
+        f"--out={out}",
+        *product,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _rows(out)
+
+  plain = rows("plain")
+  pre = ("--product_agent=1", f"--product_model={tmp_path / 'pre'}")
+  assert rows("product", *pre, "--product_delta=0") == plain
   # A wide ball lets the other model speak in slot 1.
-  wide = _eval(
-      *common,
-      f"--out={tmp_path / 'wide'}",
-      "--product_agent=1",
-      f"--product_model={tmp_path / 'pre'}",
-      "--product_delta=1000",
-  )
-  assert wide.returncode == 0, wide.stderr[-3000:]
-  assert _rows(tmp_path / "wide") != _rows(tmp_path / "plain")
+  assert rows("wide", *pre, "--product_delta=1000") != plain
   meta = json.loads((tmp_path / "product" / "summary.json").read_text())["meta"]
   assert meta["product"] == {
       "agent": 1,
