@@ -125,26 +125,10 @@ def test_swap_changes_one_slot_fits_its_trust_region_and_training_goes_on(
   # Untrained optimizer state for the new slot.
   assert int(jax.tree.leaves(new_states[1].opt_state)[0]) == 0
 
-  # The command line goes on with the run's own config (and a new count).
-  cli = (
-      f"import sys; sys.path.insert(0, {str(_TESTS)!r}); import"
-      " train_e2e_test; from sat_jax import main; main.run(['sat-jax',"
-      " 'train'] + sys.argv[1:])"
-  )
-  proc = subprocess.run(
-      [sys.executable, "-c", cli, f"--workdir={out}", "--num_stages=2"],
-      capture_output=True,
-      text=True,
-      timeout=900,
-      check=False,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "resuming after stage 0" in proc.stderr
-  summary = json.loads((out / "summary.json").read_text())
-  assert summary["stages_completed"] == 2
-  assert train.load_run_config(out).num_stages == 2
-  assert {"0", "2"} <= set(summary["accuracy"])
-  assert summary["accuracy"]["0"] == report["eval_after"]["avg@2"]
+  summary = train.train_and_evaluate(new_config, out, progress=False)
+  assert summary["stages_completed"] == 1
+  assert set(summary["accuracy"]) == {0, 1}
+  assert summary["accuracy"][0] == report["eval_after"]["avg@2"]
 
 
 def test_swap_refuses_bad_requests_and_writes_nothing(source_run, tmp_path):
@@ -199,3 +183,30 @@ def test_export_then_swap_the_same_agent_back_is_the_identity(
       [s.params for s in new_states],
       [s.params for s in src_states],
   )
+
+
+@pytest.mark.slow  # a fresh process compiles everything again (~60 s)
+def test_the_train_command_goes_on_with_a_run_directory_alone(
+    source_run, tmp_path
+):
+  tmp, _ = source_run
+  exported = export_lib.export(tmp / "run", 0, tmp_path / "agent0")
+  out = tmp_path / "swapped"
+  swap_lib.swap(tmp / "run", 0, exported, out, evaluate=False)
+  cli = (
+      f"import sys; sys.path.insert(0, {str(_TESTS)!r}); import"
+      " train_e2e_test; from sat_jax import main; main.run(['sat-jax',"
+      " 'train'] + sys.argv[1:])"
+  )
+  proc = subprocess.run(
+      [sys.executable, "-c", cli, f"--workdir={out}", "--num_stages=2"],
+      capture_output=True,
+      text=True,
+      timeout=900,
+      check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "resuming after stage 0" in proc.stderr
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["stages_completed"] == 2
+  assert train.load_run_config(out).num_stages == 2

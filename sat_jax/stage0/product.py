@@ -45,7 +45,8 @@ def _generate(
     tokens,
     mask,
     key,
-):  # pyformat: disable
+):
+  """Both models' prefill, then one decode loop over pi_new (jitted)."""
   tau = options.temperature if options.temperature > 0 else 1.0
   # pi_new is already at tau: the loop samples it at temperature 1 (or
   # greedily), with the options' top-k / top-p applied on top.
@@ -65,9 +66,9 @@ def _generate(
     ).log_probs
 
   def step(prev_B, caches):
-    lp, c_pre = step_pre(prev_B, caches[0])
-    lc, c_cur = step_cur(prev_B, caches[1])
-    return projected(lp, lc), (c_pre, c_cur)
+    logits_pre_BxV, c_pre = step_pre(prev_B, caches[0])
+    logits_cur_BxV, c_cur = step_cur(prev_B, caches[1])
+    return projected(logits_pre_BxV, logits_cur_BxV), (c_pre, c_cur)
 
   return sampling.decode(
       projected(logits_pre, logits_cur),

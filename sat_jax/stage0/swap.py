@@ -25,7 +25,8 @@ the swapped team. Everything is built in a temporary sibling folder and
 renamed into place at the end, so an interrupted swap leaves no `out`.
 
 Same tokenizer only: the new model must share slot j's vocabulary (the
-message-level projection for different tokenizers is not built).
+message-level projection for different tokenizers is not built). One
+process (the swap is not written for multi-host runs).
 """
 
 import dataclasses
@@ -215,24 +216,25 @@ def swap(
         "fit_steps": len(history) and history[-1]["step"],
         "history": history,
     }
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(
         tempfile.mkdtemp(prefix=f".{out.name}-swap-", dir=out.parent)
     )
     try:
       _write_run(
           tmp,
-          source,
-          new_run,
-          new_team,
-          new_states,
-          report,
-          evaluate,
-          key,
-          task,
-          config,
-          team,
-          params,
-      )  # pyformat: disable
+          source=source,
+          source_config=config,
+          source_team=team,
+          source_params=params,
+          new_run=new_run,
+          new_team=new_team,
+          new_states=new_states,
+          report=report,
+          evaluate=evaluate,
+          key=key,
+          task=task,
+      )
       report = io_utils.read_json(tmp / REPORT_FILE)
       tmp.rename(out)
     except BaseException:
@@ -251,30 +253,38 @@ def swap(
 
 
 def _write_run(
-    tmp,
-    source,
-    new_run,
-    new_team,
-    new_states,
-    report,
-    evaluate,
-    key,
-    task,
-    config,
-    team,
-    params,
-):  # pyformat: disable
+    tmp: pathlib.Path,
+    *,
+    source: pathlib.Path,
+    source_config: config_lib.TrainConfig,
+    source_team: train.Team,
+    source_params: Sequence[Any],
+    new_run: config_lib.TrainConfig,
+    new_team: train.Team,
+    new_states: Sequence[Any],
+    report: dict[str, Any],
+    evaluate: bool,
+    key: jax.Array,
+    task: Any,
+) -> None:
   """Everything of the new run directory, in `tmp`."""
   if (source / "pretrain").is_dir():
     shutil.copytree(source / "pretrain", tmp / "pretrain")
   writer = metrics_lib.MetricsWriter(tmp)
   writer.write_config(config_lib.to_dict(new_run))
   rows: list = []
+  config = source_config
   examples = list(task.load(config.eval.split))[: config.eval.num_problems]
   if evaluate and examples:
     key_eval = jax.random.fold_in(key, 1)
     before = train.evaluate_team(
-        team, params, task, examples, config, key_eval, tmp / "eval" / "source"
+        source_team,
+        source_params,
+        task,
+        examples,
+        config,
+        key_eval,
+        tmp / "eval" / "source",
     )
     after = train.evaluate_team(
         new_team,
