@@ -14,7 +14,6 @@ import tempfile
 from absl import logging
 import jax
 
-from sat_jax import checkpoint as checkpoint_lib
 from sat_jax import io_utils
 from sat_jax import models
 from sat_jax import sharding
@@ -41,14 +40,9 @@ def export(
   task = registry.get_task(config.task.name, **config.task.kwargs)
   mesh = sharding.make_mesh(config.mesh)
   with jax.set_mesh(mesh), sharding.logical_rules(config.mesh.logical_rules()):
-    team = train.build_team(config, task, workdir, mesh, allow_pretrain=False)
-    with checkpoint_lib.TeamCheckpointer(
-        workdir / "checkpoints", read_only=True
-    ) as ckpt:
-      step = ckpt.latest_step() if step is None else step
-      if step is None:
-        raise ValueError(f"{workdir}/checkpoints holds no team checkpoint")
-      states, _, _ = ckpt.restore(step, train.initial_state(team, config))
+    team, states, _, step = train.restore_team(
+        config, task, workdir, mesh, step
+    )
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
   try:

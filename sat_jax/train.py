@@ -153,6 +153,47 @@ def initial_state(
   return agent_lib.init_team(team.agents, team.params, config.sat_config())
 
 
+def restore_team(
+    config: config_lib.TrainConfig,
+    task: base.Task,
+    workdir: pathlib.Path,
+    mesh: jax.sharding.Mesh,
+    step: int | None = None,
+) -> tuple[Team, agent_lib.TeamState, tuple[dict, ...], int]:
+  """(team, states, metas, step) of a run's checkpoint (default: latest).
+
+  Read-only: the run may still be training in `workdir`. Call it under
+  `mesh` (the parameters land there).
+  """
+  team = build_team(config, task, workdir, mesh, allow_pretrain=False)
+  with checkpoint_lib.TeamCheckpointer(
+      workdir / "checkpoints", read_only=True
+  ) as ckpt:
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+      raise checkpoint_lib.CheckpointError(
+          f"{workdir}/checkpoints holds no team checkpoint"
+      )
+    states, metas, _ = ckpt.restore(step, initial_state(team, config))
+  return team, states, metas, step
+
+
+def stage_rollout_fn(
+    config: config_lib.TrainConfig, team: Team, task: base.Task
+) -> team_lib.LMRollout:
+  """The team rollout of one stage: config.rollout's prompts and groups."""
+  return team_lib.make_rollout_fn(
+      team.agents,
+      team.tokenizers,
+      task,
+      task.load(config.rollout.split),
+      config.protocol,
+      num_prompts=config.rollout.prompts_per_stage,
+      group_size=config.rollout.group_size,
+      **sampling_mesh(config),
+  )
+
+
 def sampling_mesh(config: config_lib.TrainConfig) -> dict[str, Any]:
   """The speaker's `sampling_mesh` / `sampling_rules` of `rollout.mesh`."""
   m = config.rollout.mesh
@@ -385,7 +426,7 @@ def train_and_evaluate(
   workdir = io_utils.local_path(workdir, "workdir")
   workdir.mkdir(parents=True, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
-  sampler = sampling_mesh(config)  # a bad rollout.mesh fails here, early
+  sampling_mesh(config)  # a bad rollout.mesh fails here, early
   task = registry.get_task(config.task.name, **config.task.kwargs)
   effective = config_lib.to_dict(config)
   if (workdir / "config.json").exists():
@@ -404,16 +445,7 @@ def train_and_evaluate(
     state = initial_state(team, config)
     sat_cfg = config.sat_config()
     deltas = config.agent_deltas()
-    rollout_fn = team_lib.make_rollout_fn(
-        team.agents,
-        team.tokenizers,
-        task,
-        task.load(config.rollout.split),
-        config.protocol,
-        num_prompts=config.rollout.prompts_per_stage,
-        group_size=config.rollout.group_size,
-        **sampler,
-    )
+    rollout_fn = stage_rollout_fn(config, team, task)
     eval_examples = list(task.load(config.eval.split))[
         : config.eval.num_problems
     ]

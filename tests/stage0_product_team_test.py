@@ -87,7 +87,7 @@ def test_a_product_slot_is_for_evaluation_only(tok):
         num_prompts=1,
         group_size=2,
     )
-  with pytest.raises(NotImplementedError, match="decoding time only"):
+  with pytest.raises(TypeError, match="decoding time only"):
     slot.token_logprobs(None, None)
   with pytest.raises(ValueError, match="equal vocabularies"):
     product.ProductAgent(

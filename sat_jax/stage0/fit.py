@@ -82,9 +82,9 @@ class FitConfig:
     if not self.learning_rate > 0:
       raise ValueError(f"learning_rate={self.learning_rate} must be > 0")
     for field in ("max_steps", "steps_per_batch", "chunk_size"):
-      value = getattr(self, field)
-      if not isinstance(value, int) or value < (field != "max_steps"):
-        raise ValueError(f"{field}={value} must be an int >= 1 (max_steps 0)")
+      value, low = getattr(self, field), int(field != "max_steps")
+      if not isinstance(value, int) or value < low:
+        raise ValueError(f"{field}={value} must be an int >= {low}")
     scoring.check_temperature(self.temperature)
 
   @property

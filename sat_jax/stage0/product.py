@@ -143,8 +143,8 @@ class ProductAgent(lm_agent_lib.LMAgent):
   `config` is pi_cur's, the slot's own model (the team's context and
   tokenizer checks read it), `pre_config` pi_pre's; the slot's params are
   the pair (pre_params, cur_params). Its turns are drawn by `sample` at the
-  options' temperature. Nothing trains it: the scoring methods raise, and
-  a training rollout refuses it.
+  options' temperature. Nothing trains it: the scoring methods raise
+  TypeError, and a training rollout refuses it.
   """
 
   pre_config: config_lib.ModelConfig | None = None
@@ -181,7 +181,9 @@ class ProductAgent(lm_agent_lib.LMAgent):
     )
 
   def _not_trainable(self, *args, **kwargs):
-    raise NotImplementedError(
+    # Refused by design (DESIGN §5 (a) is a decoding-time agent): its policy
+    # has no parameters of its own to train.
+    raise TypeError(
         "ProductAgent samples at decoding time only; distil it into a model"
         " (`sat-jax swap`) to train"
     )

@@ -113,14 +113,9 @@ def swap(
   mesh = sharding.make_mesh(config.mesh)
   key = jax.random.key(seed)
   with jax.set_mesh(mesh), sharding.logical_rules(config.mesh.logical_rules()):
-    team = train.build_team(config, task, source, mesh, allow_pretrain=False)
-    with checkpoint_lib.TeamCheckpointer(
-        source / "checkpoints", read_only=True
-    ) as ckpt:
-      step = ckpt.latest_step() if step is None else step
-      if step is None:
-        raise SwapError(f"{source}/checkpoints holds no team checkpoint")
-      states, metas, _ = ckpt.restore(step, train.initial_state(team, config))
+    team, states, metas, step = train.restore_team(
+        config, task, source, mesh, step
+    )
     _check_tokenizer(model_dir, team.tokenizers[agent])
     entry = config.team[agent]
     new_config, new_params = load_model(
@@ -133,16 +128,7 @@ def swap(
           f" {agent}'s {cur_config.vocab_size}"
       )
     params = agent_lib.team_params(states)
-    rollout_fn = team_lib.make_rollout_fn(
-        team.agents,
-        team.tokenizers,
-        task,
-        task.load(config.rollout.split),
-        config.protocol,
-        num_prompts=config.rollout.prompts_per_stage,
-        group_size=config.rollout.group_size,
-        **train.sampling_mesh(config),
-    )
+    rollout_fn = train.stage_rollout_fn(config, team, task)
 
     def draw_states(k: jax.Array) -> fit_lib.States:
       view = rollout_fn(params, k).views[agent]
