@@ -126,7 +126,7 @@ def pad_prompts(
     raise SamplingError("no prompts")
   longest = max(len(p) for p in prompts)
   for i, p in enumerate(prompts):
-    if not p:
+    if len(p) == 0:  # pylint: disable=g-explicit-length-test (numpy rows)
       raise SamplingError(f"prompt {i} is empty")
   p_len = (
       bucket_length(longest, options.prompt_buckets)

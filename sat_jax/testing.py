@@ -4,6 +4,10 @@
 - `build_tiny_tokenizer(path)`: a byte-level BPE trained offline on generated
   text, with ChatML special tokens and a chat template, saved for
   `AutoTokenizer`.
+- `build_char_tokenizer()`: one token per printable ASCII character, no
+  merges; `permuted_tokenizer(tok, path)` moves every id of a tokenizer by
+  a permutation, and `permute_vocab(params, perm)` moves a tied model's
+  embedding rows to match (the same policy over other ids).
 - `save_tiny_hf_model(path, family)`: a random transformers PyTorch model
   saved with `save_pretrained` (needs the `test` extra: torch).
 
@@ -97,6 +101,70 @@ def build_tiny_tokenizer(
   path = pathlib.Path(path)
   tok.save_pretrained(str(path))
   return path
+
+
+def build_char_tokenizer() -> Any:
+  """One token per printable ASCII character, no merges, ChatML template.
+
+  Any id sequence of plain characters is the canonical tokenisation of its
+  text, so even a random model writes messages that survive a round trip
+  through text (Stage 0's message-level tests need that).
+  """
+  import string  # pylint: disable=g-import-not-at-top
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  chars = sorted(set(string.printable) - set("\r\x0b\x0c\t"))
+  vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + tuple(chars))}
+  bpe = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+  bpe.add_special_tokens(list(SPECIAL_TOKENS))
+  bpe.decoder = tokenizers.decoders.Fuse()
+  tok = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=bpe, eos_token=IM_END, pad_token=PAD, unk_token=None
+  )
+  tok.chat_template = CHAT_TEMPLATE
+  return tok
+
+
+def permuted_tokenizer(
+    tok: Any, path: str | os.PathLike, seed: int = 0
+) -> tuple[Any, Any]:
+  """(tokenizer, perm): `tok` with id i moved to perm[i], saved in `path`.
+
+  Same texts, same segmentation, other ids (a "different tokenizer" whose
+  every result can be checked against the original's).
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  spec = json.loads(tok.backend_tokenizer.to_str())
+  vocab = spec["model"]["vocab"]
+  perm = np.random.default_rng(seed).permutation(len(vocab))
+  spec["model"]["vocab"] = {t: int(perm[i]) for t, i in vocab.items()}
+  for added in spec["added_tokens"]:
+    added["id"] = int(perm[added["id"]])
+  path = pathlib.Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  (path / "tokenizer.json").write_text(json.dumps(spec))
+  out = transformers.PreTrainedTokenizerFast(
+      tokenizer_file=str(path / "tokenizer.json"),
+      eos_token=IM_END,
+      pad_token=PAD,
+      unk_token=None,
+  )
+  out.chat_template = CHAT_TEMPLATE
+  out.save_pretrained(str(path))
+  return out, perm
+
+
+def permute_vocab(params: Any, perm: Any) -> Any:
+  """A tied model's params with embedding row i moved to perm[i]."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  embed = jnp.asarray(params["embed"])
+  moved = embed.at[jnp.asarray(perm)].set(embed[: len(perm)])
+  return dict(params, embed=moved)
 
 
 def hf_tiny_config(family: str = "qwen3", tie: bool = False, **overrides):

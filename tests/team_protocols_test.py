@@ -275,3 +275,33 @@ def test_solo_agents_have_their_own_environment():
       (ENV, 1),
   ]
   assert rec.rounds == 1  # both environments were done after one turn
+
+
+@pytest.mark.parametrize(
+    "protocol, router, env_turns",
+    [
+        ("relay", "all", 0),
+        ("relay", "all", 3),
+        ("relay", "round_robin", 3),
+        ("vote", "all", 3),
+        ("solo", "all", 3),
+    ],
+)
+def test_turn_contexts_recover_what_each_agent_was_shown(
+    protocol, router, env_turns
+):
+  records, speaker = _play(
+      protocol, router=router, rounds=3, n=3, env_turns=env_turns, episodes=2
+  )
+  turns = 0
+  for rec in records:
+    for agent in range(3):
+      for seen, said in play.turn_contexts(rec.messages, agent, protocol):
+        key = (rec.episode, agent, said.round)
+        assert tuple(_name(m) for m in seen) == speaker.seen[key]
+        assert said.speaker == agent and said.text.startswith(
+            f"A{agent}r{said.round}"
+        )
+        turns += 1
+  # Every request of the speaker was recovered, none invented.
+  assert turns == len(speaker.seen)

@@ -4,12 +4,14 @@
       --out runs/demo_swap1
   sat-jax train --workdir runs/demo_swap1     # SAT goes on from there
 
-The new model must share the slot's tokenizer. It is fitted to its
-projection onto the slot's trust region (DESIGN §5) on states of the
-current team, and written with the other agents unchanged into a new run
-directory (`sat_jax.stage0.swap`). Fit settings: --max_steps,
---learning_rate, --steps_per_batch, --target_fraction, --penalty,
---slack.
+The new model is fitted to its projection onto the slot's trust region
+(DESIGN §5) on states of the current team, and written with the other
+agents unchanged into a new run directory (`sat_jax.stage0.swap`): per
+token when it shares the slot's tokenizer, per message when it brings its
+own (it then keeps its tokenizer in the team). Fit settings: --delta0,
+--max_steps, --learning_rate, --steps_per_batch, --target_fraction,
+--slack, --penalty; per message --candidates, --states_per_batch,
+--monitor_samples.
 """
 
 from typing import Sequence
@@ -41,10 +43,28 @@ _TARGET_FRACTION = flags.DEFINE_float(
     "target_fraction", 0.5, "Projection radius as a fraction of delta."
 )
 _PENALTY = flags.DEFINE_float(
-    "penalty", 10.0, "Weight of the KL-excess penalty of the fit loss."
+    "penalty",
+    None,
+    "Weight of the KL-excess penalty of the fit loss (default: 10 per"
+    " token, 0 per message).",
 )
 _SLACK = flags.DEFINE_float(
     "slack", 0.0, "Accept KL quantile <= delta + slack."
+)
+_DELTA0 = flags.DEFINE_float(
+    "delta0",
+    None,
+    "Radius of the projection (default: the slot's trust-region delta; per"
+    " message it bounds the KL of whole messages).",
+)
+_CANDIDATES = flags.DEFINE_integer(
+    "candidates", 8, "Per message: draws per state from each model."
+)
+_STATES_PER_BATCH = flags.DEFINE_integer(
+    "states_per_batch", 32, "Per message: states per fitting batch."
+)
+_MONITOR_SAMPLES = flags.DEFINE_integer(
+    "monitor_samples", 8, "Per message: draws per held-out state to check."
 )
 _EVAL = flags.DEFINE_bool(
     "eval", True, "Evaluate the team before and after the swap."
@@ -70,16 +90,24 @@ def main(argv: Sequence[str]) -> None:
           "steps_per_batch": _STEPS_PER_BATCH.value,
           "target_fraction": _TARGET_FRACTION.value,
           "slack": _SLACK.value,
-          "penalty": _PENALTY.value,
+          "candidates": _CANDIDATES.value,
+          "states_per_batch": _STATES_PER_BATCH.value,
+          "monitor_samples": _MONITOR_SAMPLES.value,
+          **{
+              name: flag.value
+              for name, flag in (("delta0", _DELTA0), ("penalty", _PENALTY))
+              if flag.value is not None
+          },
       },
       evaluate=_EVAL.value,
       seed=_SEED.value,
   )
   last = report["history"][-1] if report["history"] else {}
   logging.info(
-      "swapped slot %d after %s fitting steps; KL quantile %s (delta %s);"
-      " held-out accuracy before %s, after %s",
+      "swapped slot %d (%s-level projection) after %s fitting steps; KL"
+      " quantile %s (delta %s); held-out accuracy before %s, after %s",
       report["agent"],
+      report["projection"],
       report["fit_steps"],
       last.get("kl_quantile"),
       report["delta0"],

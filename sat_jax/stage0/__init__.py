@@ -1,7 +1,8 @@
 """Stage 0: plug a stronger model into one slot of a team (DESIGN §5).
 
-Same tokenizer only (the message-level projection for different tokenizers
-is not built). Modules:
+A new model with the slot's tokenizer is projected token by token
+(projection / product / distill / fit); one with another tokenizer is
+projected at the message level (messages). Modules:
 
   projection  project_logits / project_log_probs(pre, cur, delta0) ->
               Projection(log_probs, beta, kl): the per-state geometric
@@ -13,6 +14,9 @@ is not built). Modules:
               KL(pi_new || pi_student) kernel with its custom VJP.
   fit         fit(FitConfig, pre, cur, draw_states, key) -> FitResult: the
               student fitted until the KL quantile monitor passes.
+  messages    tilt(...) and fit_messages(MessageFitConfig, pre, cur, agent,
+              draw_contexts, key) -> MessageFitResult: the projection over
+              whole messages when the two models' tokenizers differ.
   swap        swap(source_workdir, agent, model_dir, out): a new run
               directory in which only slot j changed (`sat-jax swap`).
 """

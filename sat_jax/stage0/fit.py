@@ -45,6 +45,28 @@ class States(NamedTuple):
   positions_ExA: jax.Array | None = None  # `scoring.action_positions`
 
 
+def check_fit_fields(cfg: Any, **int_bounds: int) -> None:
+  """Validates the fields every Stage-0 fit config has (delta0, quantile,
+  target_fraction, penalty, slack, learning_rate, temperature), and the
+  int fields named in `int_bounds` against their lower bounds."""
+  if not 0 <= cfg.delta0 < float("inf"):
+    raise ValueError(f"delta0={cfg.delta0} must be finite and >= 0")
+  if not 0 < cfg.quantile < 1:
+    raise ValueError(f"quantile={cfg.quantile} must be in (0, 1)")
+  if not 0 < cfg.target_fraction <= 1:
+    raise ValueError(f"target_fraction={cfg.target_fraction} must be in (0, 1]")
+  for field in ("penalty", "slack"):
+    if not getattr(cfg, field) >= 0:
+      raise ValueError(f"{field}={getattr(cfg, field)} must be >= 0")
+  if not cfg.learning_rate > 0:
+    raise ValueError(f"learning_rate={cfg.learning_rate} must be > 0")
+  for field, low in int_bounds.items():
+    value = getattr(cfg, field)
+    if not isinstance(value, int) or value < low:
+      raise ValueError(f"{field}={value} must be an int >= {low}")
+  scoring.check_temperature(cfg.temperature)
+
+
 @dataclasses.dataclass(frozen=True)
 class FitConfig:
   """How to fit; delta0 is agent j's trust-region radius."""
@@ -67,25 +89,7 @@ class FitConfig:
   chunk_size: int = scoring.DEFAULT_CHUNK_SIZE
 
   def __post_init__(self):
-    if not 0 <= self.delta0 < float("inf"):
-      raise ValueError(f"delta0={self.delta0} must be finite and >= 0")
-    if not 0 < self.quantile < 1:
-      raise ValueError(f"quantile={self.quantile} must be in (0, 1)")
-    if not 0 < self.target_fraction <= 1:
-      raise ValueError(
-          f"target_fraction={self.target_fraction} must be in (0, 1]"
-      )
-    if not self.penalty >= 0:
-      raise ValueError(f"penalty={self.penalty} must be >= 0")
-    if not self.slack >= 0:
-      raise ValueError(f"slack={self.slack} must be >= 0")
-    if not self.learning_rate > 0:
-      raise ValueError(f"learning_rate={self.learning_rate} must be > 0")
-    for field in ("max_steps", "steps_per_batch", "chunk_size"):
-      value, low = getattr(self, field), int(field != "max_steps")
-      if not isinstance(value, int) or value < low:
-        raise ValueError(f"{field}={value} must be an int >= {low}")
-    scoring.check_temperature(self.temperature)
+    check_fit_fields(self, max_steps=0, steps_per_batch=1, chunk_size=1)
 
   @property
   def bound(self) -> float:

@@ -8,7 +8,7 @@ slot j's trust region on states of the current team (`fit.py`), and writes
 a new run directory `out` in which only slot j changed:
 
   out/config.json          the source config, team[j] now the new model
-                           (with slot j's tokenizer)
+                           (with slot j's tokenizer, or its own)
   out/checkpoints/0/       the team: slot j the fitted model with a fresh
                            optimizer state, every other slot copied value
                            for value (params, optimizer state, beta, delta)
@@ -24,9 +24,15 @@ a new run directory `out` in which only slot j changed:
 the swapped team. Everything is built in a temporary sibling folder and
 renamed into place at the end, so an interrupted swap leaves no `out`.
 
-Same tokenizer only: the new model must share slot j's vocabulary (the
-message-level projection for different tokenizers is not built). One
-process (the swap is not written for multi-host runs).
+A new model with slot j's tokenizer (or none in its folder) is fitted to
+the per-token projection (`fit.py`); one that brings another tokenizer is
+fitted to the message-level projection (`messages.py`) and enters the team
+with its own tokenizer and chat template (config.json's team[j].tokenizer
+becomes its folder). `fit_overrides` may set `delta0` (default: slot j's
+trust-region radius; for the message-level fit it bounds the KL of whole
+messages) and any field of the fit's config; fields of the other fit's
+config are ignored. One process (the swap is not written for multi-host
+runs).
 """
 
 import dataclasses
@@ -50,8 +56,11 @@ from sat_jax import team as team_lib
 from sat_jax import train
 from sat_jax.core import agent as agent_lib
 from sat_jax.stage0 import fit as fit_lib
+from sat_jax.stage0 import messages
 from sat_jax.stage0 import product
 from sat_jax.tasks import registry
+from sat_jax.team import play
+from sat_jax.team import transcript
 
 REPORT_FILE = "swap.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
@@ -61,16 +70,17 @@ class SwapError(ValueError):
   """The swap cannot be done as asked; the message names what."""
 
 
-def _check_tokenizer(model_dir: pathlib.Path, slot_tokenizer: Any) -> None:
-  """A tokenizer shipped with the new model must be slot j's vocabulary."""
+def own_tokenizer(model_dir: pathlib.Path, slot_tokenizer: Any) -> Any | None:
+  """The new model's tokenizer when it differs from the slot's, else None.
+
+  A folder without tokenizer files is taken to use the slot's.
+  """
   if not any((model_dir / f).is_file() for f in _TOKENIZER_FILES):
-    return
+    return None
   own = models.load_tokenizer(model_dir)
-  if own.get_vocab() != slot_tokenizer.get_vocab():
-    raise SwapError(
-        f"{model_dir}: its tokenizer differs from the slot's; Stage 0 with"
-        " different tokenizers (the message-level projection) is not built"
-    )
+  if own.get_vocab() == slot_tokenizer.get_vocab():
+    return None
+  return own
 
 
 def load_model(model_dir, dtype, mesh):
@@ -116,46 +126,61 @@ def swap(
     team, states, metas, step = train.restore_team(
         config, task, source, mesh, step
     )
-    _check_tokenizer(model_dir, team.tokenizers[agent])
+    new_tokenizer = own_tokenizer(model_dir, team.tokenizers[agent])
     entry = config.team[agent]
     new_config, new_params = load_model(
         model_dir, jax.numpy.dtype(entry.dtype), mesh
     )
     cur_config = team.agents[agent].config
-    if new_config.vocab_size != cur_config.vocab_size:
+    if new_tokenizer is None and new_config.vocab_size != cur_config.vocab_size:
       raise SwapError(
           f"{model_dir}: vocab_size {new_config.vocab_size} != slot"
           f" {agent}'s {cur_config.vocab_size}"
       )
+    if new_tokenizer is not None:
+      models.check_fits(new_tokenizer, new_config)
     params = agent_lib.team_params(states)
     rollout_fn = train.stage_rollout_fn(config, team, task)
-
-    def draw_states(k: jax.Array) -> fit_lib.States:
-      view = rollout_fn(params, k).views[agent]
-      rollout_fn.pop_results()
-      return fit_lib.States(
-          view.inputs["tokens_ExT"],
-          view.inputs["mask_ExT"],
-          view.mask_ExT,
-          view.inputs.get("positions_ExA"),
-      )
-
     delta0 = config.agent_deltas()[agent]
-    fit_cfg = None
-    if math.isfinite(delta0):
-      fit_cfg = fit_lib.FitConfig(**{
-          "delta0": delta0,
-          "quantile": config.sat.update.quantile,
-          "temperature": config.agent_temperature(agent),
-          **(fit_overrides or {}),
-      })
+    overrides = dict(fit_overrides or {})
+    if "delta0" in overrides:
+      delta0 = overrides.pop("delta0")
+    fit_key = jax.random.fold_in(key, 0)
+    if not math.isfinite(delta0):  # no trust region: the model enters as is
+      fit_cfg, fitted, history = None, new_params, []
+    elif new_tokenizer is None:
+      fit_cfg = _token_config(config, agent, delta0, overrides)
       result = fit_lib.fit(
           fit_cfg,
           fit_lib.Model(new_config, new_params),
           fit_lib.Model(cur_config, params[agent]),
-          draw_states,
-          jax.random.fold_in(key, 0),
+          _token_states(rollout_fn, params, agent),
+          fit_key,
       )
+    else:
+      fit_cfg = _message_config(config, agent, delta0, overrides)
+      renderers = [
+          transcript.Renderer(
+              tok,
+              system_prompt=task.system_prompt,
+              agent_tag=config.protocol.agent_tag,
+              env_tag=config.protocol.env_tag,
+              name=f"agent {agent} ({who})",
+          )
+          for tok, who in (
+              (new_tokenizer, "new"),
+              (team.tokenizers[agent], "current"),
+          )
+      ]
+      result = messages.fit_messages(
+          fit_cfg,
+          messages.Side(new_config, new_params, renderers[0]),
+          messages.Side(cur_config, params[agent], renderers[1]),
+          agent,
+          _message_states(rollout_fn, params, agent, config.protocol.protocol),
+          fit_key,
+      )
+    if fit_cfg is not None:
       if not result.inside:
         raise SwapError(
             "the fitted model's KL quantile"
@@ -164,26 +189,33 @@ def swap(
             " max_steps or learning_rate (nothing was written)"
         )
       fitted, history = result.params, result.history
-    else:  # no trust region: the new model enters as it is
-      fitted, history = new_params, []
 
     new_agent = team_lib.LMAgent(new_config, config.agent_temperature(agent))
+    tokenizer_path = (
+        metas[agent]["tokenizer"] if new_tokenizer is None else str(model_dir)
+    )
     new_entry = dataclasses.replace(
-        entry, model=str(model_dir), tokenizer=metas[agent]["tokenizer"]
+        entry, model=str(model_dir), tokenizer=tokenizer_path
     )
     new_run = dataclasses.replace(
         config,
         team=config.team[:agent] + (new_entry,) + config.team[agent + 1 :],
     )
+    slot_tokenizer = (
+        team.tokenizers[agent] if new_tokenizer is None else new_tokenizer
+    )
     new_team = train.Team(
         team.agents[:agent] + (new_agent,) + team.agents[agent + 1 :],
-        team.tokenizers,
+        team.tokenizers[:agent]
+        + (slot_tokenizer,)
+        + team.tokenizers[agent + 1 :],
         params[:agent] + (fitted,) + params[agent + 1 :],
         team.metas[:agent]
         + (
             {
                 **team.metas[agent],
                 "model": str(model_dir),
+                "tokenizer": tokenizer_path,
                 "model_config": config_lib.to_plain(new_config),
                 "swapped_from_step": step,
             },
@@ -198,6 +230,9 @@ def swap(
         "agent": agent,
         "model": str(model_dir),
         "delta0": delta0,
+        # token: the per-state projection (one tokenizer); message: the
+        # message-level one (the new model brings its own tokenizer).
+        "projection": "token" if new_tokenizer is None else "message",
         "fit": None if fit_cfg is None else dataclasses.asdict(fit_cfg),
         "fit_steps": len(history) and history[-1]["step"],
         "history": history,
@@ -236,6 +271,65 @@ def swap(
       out / REPORT_FILE,
   )
   return report
+
+
+def _token_config(config, agent, delta0, overrides) -> fit_lib.FitConfig:
+  return fit_lib.FitConfig(**{
+      "delta0": delta0,
+      "quantile": config.sat.update.quantile,
+      "temperature": config.agent_temperature(agent),
+      **_known(fit_lib.FitConfig, overrides),
+  })
+
+
+def _message_config(
+    config, agent, delta0, overrides
+) -> messages.MessageFitConfig:
+  return messages.MessageFitConfig(**{
+      "delta0": delta0,
+      "quantile": config.sat.update.quantile,
+      "temperature": config.agent_temperature(agent),
+      "max_new_tokens": config.protocol.max_new_tokens,
+      **_known(messages.MessageFitConfig, overrides),
+  })
+
+
+def _known(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+  """The overrides that `cls` has (the others belong to the other fit)."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  return {k: v for k, v in overrides.items() if k in names}
+
+
+def _token_states(rollout_fn, params, agent: int):
+  """draw_states for `fit.fit`: slot `agent`'s view of a team rollout."""
+
+  def draw(k: jax.Array) -> fit_lib.States:
+    view = rollout_fn(params, k).views[agent]
+    rollout_fn.pop_results()
+    return fit_lib.States(
+        view.inputs["tokens_ExT"],
+        view.inputs["mask_ExT"],
+        view.mask_ExT,
+        view.inputs.get("positions_ExA"),
+    )
+
+  return draw
+
+
+def _message_states(rollout_fn, params, agent: int, protocol: str):
+  """draw_contexts for `messages.fit_messages`: what slot `agent` had seen
+  at each of its turns in a team rollout."""
+
+  def draw(k: jax.Array) -> list:
+    rollout_fn(params, k)
+    (result,) = rollout_fn.pop_results()
+    return [
+        seen
+        for record in result.episodes
+        for seen, _ in play.turn_contexts(record.messages, agent, protocol)
+    ]
+
+  return draw
 
 
 def _write_run(
@@ -325,7 +419,12 @@ def product_team(
   model_dir = pathlib.Path(model_dir)
   if not model_dir.is_dir():
     raise SwapError(f"model={model_dir}: no such folder")
-  _check_tokenizer(model_dir, team.tokenizers[agent])
+  if own_tokenizer(model_dir, team.tokenizers[agent]) is not None:
+    raise SwapError(
+        f"{model_dir}: its tokenizer differs from slot {agent}'s; the"
+        " decoding-time product of experts needs one vocabulary (`sat-jax"
+        " swap` fits a model with another tokenizer at the message level)"
+    )
   pre_config, pre_params = load_model(model_dir, dtype, mesh)
   cur = team.agents[agent]
   if pre_config.vocab_size != cur.config.vocab_size:

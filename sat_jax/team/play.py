@@ -90,24 +90,52 @@ class _Episode:
     return any(e is not None for e in self.envs) and all(self.env_done)
 
   def visible(self, agent: int, protocol: str) -> tuple[Message, ...]:
-    """The messages `agent` sees, in the order of its own token stream.
+    return visible_messages(self.messages, agent, protocol)
 
-    In `vote` an agent wrote its round-r message before seeing the others'
-    (and the environment's reply), so in its view a round reads: its own
-    message, the other agents' in agent order, then the environment.
-    """
-    seen = [m for m in self.messages if m.visible_to(agent)]
-    if protocol != "vote":
-      return tuple(seen)
 
-    def rank(m: Message) -> tuple[int, int]:
-      if m.speaker == transcript_lib.TASK:
-        return (m.round, 0)
-      if m.speaker == transcript_lib.ENV:
-        return (m.round, 3)
-      return (m.round, 1 if m.speaker == agent else 2)
+def visible_messages(
+    messages: Sequence[Message], agent: int, protocol: str
+) -> tuple[Message, ...]:
+  """The messages `agent` sees, in the order of its own token stream.
 
-    return tuple(sorted(seen, key=rank))
+  In `vote` an agent wrote its round-r message before seeing the others'
+  (and the environment's reply), so in its view a round reads: its own
+  message, the other agents' in agent order, then the environment.
+  """
+  seen = [m for m in messages if m.visible_to(agent)]
+  if protocol != "vote":
+    return tuple(seen)
+
+  def rank(m: Message) -> tuple[int, int]:
+    if m.speaker == transcript_lib.TASK:
+      return (m.round, 0)
+    if m.speaker == transcript_lib.ENV:
+      return (m.round, 3)
+    return (m.round, 1 if m.speaker == agent else 2)
+
+  return tuple(sorted(seen, key=rank))
+
+
+def turn_contexts(
+    messages: Sequence[Message], agent: int, protocol: str
+) -> list[tuple[tuple[Message, ...], Message]]:
+  """(what `agent` had seen, what it said) for each of its messages.
+
+  The first item is the `Request.messages` of that turn, recovered from an
+  episode's transcript: in `relay` every earlier message it may see; in
+  `vote` and `solo`, where a round's agents speak on the round-start view,
+  every message of earlier rounds it may see.
+  """
+  out = []
+  for t, m in enumerate(messages):
+    if m.speaker != agent:
+      continue
+    if protocol == "relay":
+      before = messages[:t]
+    else:
+      before = [x for x in messages if x.round < m.round]
+    out.append((visible_messages(before, agent, protocol), m))
+  return out
 
 
 @functools.partial(jax.jit, static_argnums=1)
