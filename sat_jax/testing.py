@@ -162,6 +162,8 @@ def permute_vocab(params: Any, perm: Any) -> Any:
   """A tied model's params with embedding row i moved to perm[i]."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
+  if "lm_head" in params:
+    raise ValueError("permute_vocab moves tied embeddings only (lm_head)")
   embed = jnp.asarray(params["embed"])
   moved = embed.at[jnp.asarray(perm)].set(embed[: len(perm)])
   return dict(params, embed=moved)

@@ -152,7 +152,18 @@ def test_swap_refuses_bad_requests_and_writes_nothing(source_run, tmp_path):
         fit_overrides={"max_steps": 1, "learning_rate": 1e-6},
         evaluate=False,
     )
+  # A misspelt fit setting is named, not silently dropped.
+  with pytest.raises(swap_lib.SwapError, match=r"\['learning_rat'\]"):
+    swap_lib.swap(
+        tmp / "run",
+        0,
+        new_dir,
+        tmp_path / "o5",
+        fit_overrides={"learning_rat": 1e-2},
+        evaluate=False,
+    )
   assert not (tmp_path / "o1").exists() and not (tmp_path / "o4").exists()
+  assert not (tmp_path / "o5").exists()
   assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 

@@ -143,6 +143,16 @@ def swap(
     rollout_fn = train.stage_rollout_fn(config, team, task)
     delta0 = config.agent_deltas()[agent]
     overrides = dict(fit_overrides or {})
+    unknown = (
+        set(overrides)
+        - _fields(fit_lib.FitConfig)
+        - _fields(messages.MessageFitConfig)
+    )
+    if unknown:
+      raise SwapError(
+          f"fit_overrides: {sorted(unknown)} are fields of neither fit's"
+          " config (FitConfig, MessageFitConfig)"
+      )
     if "delta0" in overrides:
       delta0 = overrides.pop("delta0")
     fit_key = jax.random.fold_in(key, 0)
@@ -294,10 +304,13 @@ def _message_config(
   })
 
 
+def _fields(cls) -> set[str]:
+  return {f.name for f in dataclasses.fields(cls)}
+
+
 def _known(cls, overrides: dict[str, Any]) -> dict[str, Any]:
   """The overrides that `cls` has (the others belong to the other fit)."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  return {k: v for k, v in overrides.items() if k in names}
+  return {k: v for k, v in overrides.items() if k in _fields(cls)}
 
 
 def _token_states(rollout_fn, params, agent: int):
