@@ -277,7 +277,9 @@ class TrainConfig:
   checkpoint: CheckpointConfig = CheckpointConfig()
   pretrain: PretrainConfig = PretrainConfig()
   num_stages: int = 10
-  time_budget_s: float = 0.0  # > 0: stop after the stage that passes it
+  # > 0: stop after the stage that passes it; the wall time of this process
+  # (a resumed run gets the whole budget again).
+  time_budget_s: float = 0.0
   seed: int = 0
   name: str = ""
 

@@ -84,6 +84,18 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def primary_decides(flag: bool) -> bool:
+  """Process 0's `flag` in every process (a collective with several).
+
+  For host-side decisions that change which collectives run next, such as
+  stopping on a wall-clock budget: each process's own clock could decide
+  differently and leave the others waiting.
+  """
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(multihost_utils.broadcast_one_to_all(np.bool_(flag)))
+
+
 def to_host(tree: PyTree) -> PyTree:
   """numpy copies of every array of `tree`, gathered from all processes.
 

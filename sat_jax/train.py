@@ -25,6 +25,7 @@ run's. Keys of rows starting with "time_" are wall times (not reproducible).
 """
 
 import dataclasses
+import json
 import math
 import pathlib
 import shutil
@@ -69,6 +70,29 @@ class Team:
   metas: tuple[dict[str, Any], ...]  # per agent, saved with checkpoints
 
 
+def _check_base_settings(path: pathlib.Path, cfg: Any) -> None:
+  """Refuses a built base whose warm-start settings are not `cfg`'s (a base
+  from `sat-jax pretrain --config.pretrain.steps=50` would otherwise start
+  a run whose config.json says 600). Settings one side lacks (written by
+  another version) are not compared."""
+  info_path = path / sft.INFO_FILE
+  if not info_path.is_file():
+    return
+  built = io_utils.read_json(info_path).get("settings") or {}
+  wanted = json.loads(json.dumps(config_lib.to_plain(cfg)))  # as stored
+  diff = sorted(
+      k for k in built.keys() & wanted.keys() if built[k] != wanted[k]
+  )
+  if diff:
+    shown = ", ".join(
+        f"pretrain.{k}={built[k]!r} (config: {wanted[k]!r})" for k in diff
+    )
+    raise ValueError(
+        f"{path} was built with {shown}; remove it to rebuild the warm start,"
+        " or run with the settings it was built with"
+    )
+
+
 def pretrained_base(
     config: config_lib.TrainConfig,
     task: base.Task,
@@ -79,6 +103,7 @@ def pretrained_base(
   """workdir/pretrain/base, built by the warm start unless it exists."""
   path = workdir / "pretrain" / "base"
   if path.is_dir():
+    _check_base_settings(path, config.pretrain)
     logging.info("warm start: reusing %s", path)
     return path
   if not build:
@@ -455,6 +480,11 @@ def train_and_evaluate(
         async_save=config.checkpoint.async_save,
     )
     last = ckpt.latest_step()
+    if last is not None and last > config.num_stages:
+      raise ValueError(
+          f"num_stages={config.num_stages}: {workdir} already holds stage"
+          f" {last}; resume with num_stages >= {last} or use a new workdir"
+      )
     # No barrier needed: the rewrite is atomic, and every process keeps the
     # same rows whether it reads the file before or after it.
     rows = _truncate_metrics(workdir, last, write=multihost.is_primary())
@@ -499,7 +529,7 @@ def train_and_evaluate(
       evaluate(0)
       commit(0)
 
-    stopped_early = False
+    stopped_early, end = False, start
     bar = tqdm.tqdm(
         total=config.num_stages, initial=start, desc="SAT", disable=not progress
     )
@@ -521,13 +551,24 @@ def train_and_evaluate(
         log_row(writer, rows, stage, agent_row, f"agent{j}")
       summary = None
       t1 = time.perf_counter()
-      if stage % config.eval.every_stages == 0 or stage == config.num_stages:
+      # The budget is decided before the eval, so that the stage a run
+      # stops at is always evaluated (its summary's final accuracy).
+      elapsed = t1 - t_start
+      over_budget = multihost.primary_decides(
+          bool(config.time_budget_s) and elapsed >= config.time_budget_s
+      )
+      if (
+          stage % config.eval.every_stages == 0
+          or stage == config.num_stages
+          or over_budget
+      ):
         summary = evaluate(stage)
       stage_row["time_eval_s"] = time.perf_counter() - t1
       stage_row["time_update_s"] = t_update - stage_row["time_rollout_s"]
       stage_row["time_stage_s"] = time.perf_counter() - t0
       log_row(writer, rows, stage, stage_row, "stage")
       commit(stage)
+      end = stage
       postfix = {
           "reward": f"{record.mean_reward:.3f}",
           "kl": f"{stage_row.get('max_kl_quantile', math.nan):.4f}",
@@ -536,8 +577,7 @@ def train_and_evaluate(
         postfix["acc"] = f"{summary[plots.accuracy_key(rows)]:.3f}"
       bar.set_postfix(postfix)
       bar.update(1)
-      elapsed = time.perf_counter() - t_start
-      if config.time_budget_s and elapsed >= config.time_budget_s:
+      if over_budget:
         logging.info(
             "time budget %.0f s reached after stage %d (%.0f s)",
             config.time_budget_s,
@@ -547,6 +587,13 @@ def train_and_evaluate(
         stopped_early = stage < config.num_stages
         break
     bar.close()
+    if not any(r["kind"] == "eval" and r["step"] == end for r in rows):
+      # A resumed run with nothing left to train whose last stage was never
+      # evaluated (it stopped on its time budget before the stop evaluated).
+      if evaluate(end) is not None and multihost.is_primary():
+        plots.plot_run(
+            rows, workdir / "plot.png", config.name, config.num_agents
+        )
     ckpt.wait_until_finished()
     ckpt.close()
     writer.close()

@@ -185,6 +185,50 @@ def test_eval_rejects_meaningless_counts(tmp_path):
   assert "no such directory" not in done.stderr
 
 
+_CHECK_PRODUCT = """
+import json, sys
+from sat_jax.commands import eval as eval_command
+out = []
+for agent, model, delta in json.loads(sys.argv[1]):
+  try:
+    eval_command.check_product_flags(agent, model, delta)
+    out.append(None)
+  except ValueError as e:
+    out.append(str(e))
+print(json.dumps(out))
+"""
+
+
+def test_eval_rejects_incomplete_product_flags(tmp_path):
+  cases = [
+      ((1, None, None), "--product_agent needs --product_model"),
+      ((None, "/m", None), "--product_model needs --product_agent"),
+      ((None, None, 0.1), "--product_delta needs --product_agent"),
+      ((None, "/m", 0.1), "--product_model needs --product_agent"),
+      ((1, "/m", None), None),
+      ((1, "/m", 0.1), None),
+      ((None, None, None), None),
+  ]
+  done = subprocess.run(
+      [sys.executable, "-c", _CHECK_PRODUCT, json.dumps([c for c, _ in cases])],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=True,
+  )
+  got = json.loads(done.stdout.strip().splitlines()[-1])
+  for (case, want), message in zip(cases, got):
+    if want is None:
+      assert message is None, case
+    else:
+      assert message.startswith(want), (case, message)
+  # main checks them before it reads the run directory (here: none).
+  done = _eval(f"--workdir={tmp_path / 'nope'}", "--product_model=/m")
+  assert done.returncode != 0
+  assert "--product_model needs --product_agent" in done.stderr
+  assert "no such directory" not in done.stderr
+
+
 @pytest.mark.slow  # three evaluations; the default suite has
 # tests/stage0_product_team_test.py for the same path in-process.
 def test_a_product_slot_at_zero_radius_evaluates_like_the_team(
@@ -222,3 +266,31 @@ def test_a_product_slot_at_zero_radius_evaluates_like_the_team(
       "model": str(tmp_path / "pre"),
       "delta0": 0.0,
   }
+
+
+def test_default_out_names_keep_different_evaluations_apart():
+  cases = [
+      (("arith", "test", 3, None, None, 0), "arith_step3"),
+      (("arith", "train", 3, None, None, 0), "arith_train_step3"),
+      (("arith", "test", 3, "vote", None, 0), "arith_step3_vote"),
+      (("arith", "test", 0, None, 1, 0), "arith_step0_product1"),
+      (
+          ("arith", "dev", 2, "solo", 0, 5),
+          "arith_dev_step2_solo_product0_seed5",
+      ),
+  ]
+  script = (
+      "import json, sys\n"
+      "from sat_jax.commands import eval as eval_command\n"
+      "print(json.dumps([eval_command.default_out_name(*c)"
+      " for c in json.loads(sys.argv[1])]))\n"
+  )
+  done = subprocess.run(
+      [sys.executable, "-c", script, json.dumps([c for c, _ in cases])],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=True,
+  )
+  got = json.loads(done.stdout.strip().splitlines()[-1])
+  assert got == [want for _, want in cases]

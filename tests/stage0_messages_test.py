@@ -299,6 +299,36 @@ def test_the_same_model_over_other_ids_is_inside_at_step_0(tmp_path):
   assert row["valid_fraction"] > 0.5
 
 
+def _writes_only(params, token: int):
+  """The model with every logit but `token`'s far below it: the residual's
+  dimension 0 holds the embedding's column 0 (1 everywhere, 5 at `token`:
+  no layer writes to it), and the final norm keeps that dimension alone."""
+  embed = params["embed"].at[:, 0].set(1.0).at[token, 0].set(5.0)
+  layers = dict(params["layers"])
+  for name in ("o_proj", "down_proj"):
+    layers[name] = layers[name].at[..., 0].set(0.0)
+  norm = jnp.zeros_like(params["final_norm"]).at[0].set(1000.0)
+  return dict(params, embed=embed, layers=layers, final_norm=norm)
+
+
+def test_held_out_states_without_a_scored_message_fail_the_check(tmp_path):
+  """A student that writes only a special token (dropped when decoded, so
+  no sample is canonical) has no message to score on any held-out state:
+  that is a failed check with no estimate, not a pass at 0."""
+  a = _CHARS
+  b, _ = testing.permuted_tokenizer(a, tmp_path / "perm", seed=0)
+  cur = msg_lib.Side(_CONFIG, _cur_params(), _renderer(a))
+  pad_only = _writes_only(_cur_params(), b.pad_token_id)
+  pre = msg_lib.Side(_CONFIG, pad_only, _renderer(b))
+  cfg = _fit_cfg(delta0=1e-3, max_steps=0)
+  result = msg_lib.fit_messages(cfg, pre, cur, 1, _contexts, jax.random.key(0))
+  (row,) = result.history
+  assert not result.inside and result.steps == 0
+  assert row["canonical_fraction"] == 0.0 and row["valid_fraction"] == 0.0
+  assert row["unscored_states"] == cfg.states_per_batch
+  assert row["kl_quantile"] is None
+
+
 @pytest.mark.parametrize("penalty", [0.0, 1.0])
 def test_the_fit_brings_a_perturbed_model_inside(tmp_path, penalty):
   """Noise on the permuted copy puts pi_pre about 8 nats per message away;

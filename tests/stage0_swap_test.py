@@ -221,3 +221,30 @@ def test_the_train_command_goes_on_with_a_run_directory_alone(
   summary = json.loads((out / "summary.json").read_text())
   assert summary["stages_completed"] == 2
   assert train.load_run_config(out).num_stages == 2
+
+
+def test_own_tokenizer_tells_another_vocabulary_from_another_template(
+    tmp_path, caplog
+):
+  slot_dir = pathlib.Path(testing.build_tiny_tokenizer(tmp_path / "slot"))
+  slot = models.load_tokenizer(slot_dir)
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  assert swap_lib.own_tokenizer(bare, slot) is None  # no tokenizer files
+  assert swap_lib.own_tokenizer(slot_dir, slot) is None  # the slot's own
+  other = pathlib.Path(
+      testing.build_tiny_tokenizer(tmp_path / "other", vocab_size=300)
+  )
+  assert swap_lib.own_tokenizer(other, slot).get_vocab() != slot.get_vocab()
+  # The slot's vocabulary under another chat template: the token-level
+  # path (None), with a warning that the template is not used.
+  templated = tmp_path / "templated"
+  templated.mkdir()
+  for f in slot_dir.iterdir():
+    (templated / f.name).write_bytes(f.read_bytes())
+  jinja = templated / "chat_template.jinja"
+  jinja.write_text("{# another template #}" + jinja.read_text())
+  with caplog.at_level("WARNING"):
+    assert swap_lib.own_tokenizer(templated, slot) is None
+  assert "other chat template" in caplog.text
+  assert "tokenization rules" not in caplog.text

@@ -235,3 +235,86 @@ def test_two_stages_write_every_output(tmp_path, tiny_model):
         for a, b in zip(jax.tree.leaves(params[j]), jax.tree.leaves(start))
     )
     assert moved == accepted[j]
+
+
+def _eval_steps(workdir: pathlib.Path) -> list[int]:
+  rows = metrics_lib.read_metrics(workdir / "metrics.jsonl")
+  return [r["step"] for r in rows if r["kind"] == "eval"]
+
+
+def test_a_budget_stop_evaluates_the_stage_it_stops_at(tmp_path, tiny_model):
+  """Evaluation every 3 stages of 3, but the budget (passed at once) stops
+  the run after stage 1: stage 1 is evaluated all the same, so the summary's
+  final accuracy is the stopped team's. A rerun asking for fewer stages
+  than the workdir holds is refused before anything is rewritten."""
+  config = tiny_train_config(
+      *tiny_model,
+      num_stages=3,
+      time_budget_s=1e-9,
+      eval=config_lib.EvalConfig(
+          num_problems=2, k=2, batch_size=2, every_stages=3
+      ),
+  )
+  summary = train.train_and_evaluate(config, tmp_path, progress=False)
+  assert summary["stopped_by_time_budget"]
+  assert summary["stages_completed"] == 1
+  assert _eval_steps(tmp_path) == [0, 1]
+  assert sorted(summary["accuracy"]) == [0, 1]
+  saved = (tmp_path / "config.json").read_text()
+  with pytest.raises(ValueError, match="num_stages=0: .* holds stage 1"):
+    train.train_and_evaluate(
+        dataclasses.replace(config, num_stages=0), tmp_path, progress=False
+    )
+  assert (tmp_path / "config.json").read_text() == saved
+
+
+def test_a_resume_with_nothing_to_train_evaluates_an_unevaluated_end(
+    tmp_path, tiny_model, monkeypatch
+):
+  """A run with evaluation every 3 stages dies in stage 2 (after stage 1's
+  checkpoint, which has no eval); resumed with num_stages=1 it has nothing
+  to train, and evaluates stage 1, where it ends."""
+  config = tiny_train_config(
+      *tiny_model,
+      num_stages=3,
+      eval=config_lib.EvalConfig(
+          num_problems=2, k=2, batch_size=2, every_stages=3
+      ),
+      checkpoint=config_lib.CheckpointConfig(async_save=False),
+  )
+  run_stage, calls = stage_lib.run_stage, []
+
+  def dies_in_stage_2(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+      raise RuntimeError("killed in stage 2")
+    return run_stage(*args, **kwargs)
+
+  monkeypatch.setattr(stage_lib, "run_stage", dies_in_stage_2)
+  with pytest.raises(RuntimeError, match="killed in stage 2"):
+    train.train_and_evaluate(config, tmp_path, progress=False)
+  assert _eval_steps(tmp_path) == [0]
+  summary = train.train_and_evaluate(
+      dataclasses.replace(config, num_stages=1), tmp_path, progress=False
+  )
+  assert len(calls) == 2  # nothing trained on resume
+  assert _eval_steps(tmp_path) == [0, 1]
+  assert summary["stages_completed"] == 1
+  assert summary["final_accuracy"] == summary["accuracy"][1]
+
+
+def test_a_built_base_with_other_warm_start_settings_is_refused(
+    tmp_path, tiny_model
+):
+  config = tiny_train_config(*tiny_model)
+  base_dir = tmp_path / "pretrain" / "base"
+  base_dir.mkdir(parents=True)
+  settings = config_lib.to_plain(config.pretrain)
+  info = {"settings": dict(settings, steps=settings["steps"] + 50, old=1)}
+  (base_dir / "pretrain.json").write_text(json.dumps(info))
+  with pytest.raises(ValueError, match=r"pretrain\.steps=.*\(config: "):
+    train.pretrained_base(config, None, tmp_path)
+  # The same settings (a key only one side has is not compared): reused.
+  info["settings"]["steps"] = settings["steps"]
+  (base_dir / "pretrain.json").write_text(json.dumps(info))
+  assert train.pretrained_base(config, None, tmp_path) == base_dir

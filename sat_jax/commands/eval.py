@@ -10,7 +10,9 @@ K samples per problem (default: the paper's K for the task,
 task's verifier; avg@K, unbiased pass@k, maj@K of the team answer (relay:
 the last message; vote: the voted answer; solo: the pool's vote) and each
 agent's own avg@K. Writes predictions.jsonl, summary.json and summary.md to
---out (default <workdir>/evals/<task>_step<step>). The team is rebuilt from
+--out (default <workdir>/evals/<task>_step<step>, with _<split> after the
+task for a split other than test, and _<protocol>, _product<j>, _seed<s>
+after the step when given). The team is rebuilt from
 the run's config.json and restored from checkpoints/<step>.
 
   sat-jax eval --workdir runs/demo --product_agent 1 \
@@ -114,10 +116,52 @@ def check_counts(
     )
 
 
+def default_out_name(
+    task: str,
+    split: str,
+    step: int,
+    protocol: str | None,
+    product_agent: int | None,
+    seed: int,
+) -> str:
+  """<task>_step<step>, plus what sets this evaluation apart from another
+  of the same step (so that one does not overwrite the other): a split
+  other than test, a protocol override, a product slot, a seed other
+  than 0."""
+  name = task if split == "test" else f"{task}_{split}"
+  name += f"_step{step}"
+  if protocol is not None:
+    name += f"_{protocol}"
+  if product_agent is not None:
+    name += f"_product{product_agent}"
+  return name if seed == 0 else f"{name}_seed{seed}"
+
+
+def check_product_flags(
+    agent: int | None, model: str | None, delta: float | None
+) -> None:
+  """--product_model and --product_agent go together; --product_delta
+  needs them (before the team is built, not after)."""
+  if (agent is None) != (model is None):
+    given, missing = (
+        ("--product_agent", "--product_model")
+        if model is None
+        else ("--product_model", "--product_agent")
+    )
+    raise ValueError(f"{given} needs {missing} (the product of experts)")
+  if delta is not None and agent is None:
+    raise ValueError(
+        "--product_delta needs --product_agent and --product_model"
+    )
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   check_counts(_K.value, _NUM_PROBLEMS.value, _BATCH_SIZE.value)
+  check_product_flags(
+      _PRODUCT_AGENT.value, _PRODUCT_MODEL.value, _PRODUCT_DELTA.value
+  )
   workdir = io_utils.local_path(_WORKDIR.value, "--workdir")
   config = train.load_run_config(workdir)
   run_task = registry.get_task(config.task.name, **config.task.kwargs)
@@ -170,7 +214,18 @@ def main(argv: Sequence[str]) -> None:
   if step is None:
     raise checkpoint_lib.CheckpointError(f"{ckpt.directory}: no checkpoints")
   out = io_utils.local_path(
-      _OUT.value or workdir / "evals" / f"{task_name}_step{step}", "--out"
+      _OUT.value
+      or workdir
+      / "evals"
+      / default_out_name(
+          task_name,
+          _SPLIT.value,
+          step,
+          _PROTOCOL.value,
+          _PRODUCT_AGENT.value,
+          _SEED.value,
+      ),
+      "--out",
   )
   mesh = sharding.make_mesh(config.mesh)
   with jax.set_mesh(mesh), sharding.logical_rules(config.mesh.logical_rules()):

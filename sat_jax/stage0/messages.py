@@ -40,7 +40,9 @@ the maximum likelihood fit never pushes down what only pi_theta writes,
 and the penalty does; off by default, see MessageFitConfig), and checked
 by the (1 - alpha)-quantile over held-out states of the Monte Carlo estimate
 mean_k [log pi_theta(m_k|s) - log pi_cur(m_k|s)], m_k ~ pi_theta: the
-message-level KL(pi_theta || pi_cur) (`fit_messages`).
+message-level KL(pi_theta || pi_cur) (`fit_messages`). A held-out state
+none of whose messages could be scored (see canonical below) counts as a
+violation, never as a pass.
 
 Messages as text. A candidate's text is its decoded sample (special
 tokens dropped, stripped, as the team's transcript records it). A model
@@ -48,8 +50,16 @@ scores it as its own tokenisation of the text, followed by its end-of-turn
 token when the sample stopped (a message cut at max_new_tokens has none);
 the context is the model's own rendering of what agent j had seen, built
 turn by turn as the team's token stream builds it (`context_ids`). The
+replay writes each of j's earlier messages as its canonical tokens closed
+by the end-of-turn token; the team's stream holds the sampled ids, so the
+two differ where an earlier message was cut at max_new_tokens, stopped on
+another stop id, or had whitespace that the transcript strips (pi_cur is
+then scored after a context close to, not equal to, the one it saw). The
 sequence probability of a text is taken as that of this canonical
-tokenisation (other tokenisations of the same text are ignored), so a
+tokenisation (other tokenisations of the same text are ignored; a message cut at
+max_new_tokens is scored as the probability of that prefix, which each
+model cuts at its own token count, so cut messages enter as an
+approximation), so a
 drawn message counts only when its sampled ids are that tokenisation
 (decoding and re-encoding gives them back; a trained model's samples
 almost always are, a random model's byte salad mostly not): the
@@ -155,7 +165,10 @@ def excess_kl_surrogate(
   gradient of KL_s is E[d grad log pi_theta(m)] (the score function; the
   other term, E[grad log pi_theta], is 0), estimated with a leave-one-out
   baseline, b_k = the mean of the state's other d's, which keeps it
-  unbiased and cuts its variance. A state counts while its estimate is
+  unbiased and cuts its variance (unbiased at the messages' own
+  pi_theta: `fit_messages` draws them once per batch and reuses them for
+  its steps_per_batch steps, so later steps of a batch are slightly off
+  policy). A state counts while its estimate is
   above `radius` and it has two valid messages. Why it is needed: the
   tilt is fitted by maximum likelihood on candidates from pi_pre and
   pi_cur, which pulls pi_theta toward them but never pushes down the
@@ -459,8 +472,9 @@ def fit_messages(
 
   `draw_contexts(key)` returns what agent `agent` had seen at its turns in
   a fresh rollout of the current team (`play.turn_contexts`); each batch
-  takes `states_per_batch` of them (drawing again while too few fit both
-  models' contexts). The first draw is held out for the monitor.
+  takes `states_per_batch` of them at random (drawing again while too few
+  fit both models' contexts; the fraction that fit is logged). The first
+  batch of states, drawn with its own key, is held out for the monitor.
   """
 
   def options(side: Side) -> sampling.SamplingOptions:
@@ -519,28 +533,43 @@ def fit_messages(
     return optax.apply_updates(params, updates), opt_state, aux
 
   def states(k: jax.Array):
-    pre_ids, cur_ids, tries = [], [], 0
+    """states_per_batch states, a uniform draw from whole rollouts.
+
+    A rollout lists its episodes group by group (one prompt per group), so
+    its first contexts would all come from a prompt or two: the states are
+    a random subset of every usable context drawn. Returns (pre ids, cur
+    ids, the fraction of drawn contexts that fit both models).
+    """
+    pre_ids, cur_ids, drawn, tries = [], [], 0, 0
     while len(pre_ids) < cfg.states_per_batch:
-      a, b = _usable(
-          draw_contexts(jax.random.fold_in(k, tries)),
-          pre,
-          cur,
-          cfg.max_new_tokens,
-          agent,
-      )
+      contexts = draw_contexts(jax.random.fold_in(k, tries))
+      a, b = _usable(contexts, pre, cur, cfg.max_new_tokens, agent)
       pre_ids += a
       cur_ids += b
+      drawn += len(contexts)
       tries += 1
       if tries >= 8 and not pre_ids:
         raise ValueError(
             f"agent {agent}: no drawn state leaves room for"
             f" max_new_tokens={cfg.max_new_tokens} in both models' contexts"
         )
-    s = cfg.states_per_batch
-    return pre_ids[:s], cur_ids[:s]
+    order = np.random.default_rng(
+        np.asarray(jax.random.key_data(k)).ravel()
+    ).permutation(len(pre_ids))[: cfg.states_per_batch]
+    usable = len(pre_ids) / max(drawn, 1)
+    return [pre_ids[i] for i in order], [cur_ids[i] for i in order], usable
 
-  key_held, key_train = jax.random.split(key)
+  key_held, key_train, key_check = jax.random.split(key, 3)
   held = states(key_held)
+  if held[2] < 1:
+    logging.warning(
+        "stage 0 message fit: %.1f%% of agent %d's drawn states leave no room"
+        " for max_new_tokens=%d in one of the models' contexts; they are not"
+        " fitted or checked",
+        100 * (1 - held[2]),
+        agent,
+        cfg.max_new_tokens,
+    )
   params = pre.params
   opt_state = jax.jit(optimizer.init)(params)
   history: list[dict[str, float]] = []
@@ -560,34 +589,43 @@ def fit_messages(
         -1, m
     )
     n_valid = valid.sum(-1)
-    kl_S = np.where(valid, d, 0.0).sum(-1) / np.maximum(n_valid, 1)
     ok_S = n_valid > 0
+    # A held-out state none of whose messages could be scored (none
+    # canonical, or none fitting a context) has no estimate: it counts as
+    # a violation (+inf), never as a pass.
+    kl_S = np.where(
+        ok_S, np.where(valid, d, 0.0).sum(-1) / np.maximum(n_valid, 1), np.inf
+    )
+    quantile = float(
+        objective.masked_quantile(
+            jnp.asarray(kl_S), jnp.ones(kl_S.shape, bool), cfg.quantile
+        )
+    )
     row = {
         "step": step,
-        "kl_quantile": float(
-            objective.masked_quantile(
-                jnp.asarray(kl_S), jnp.asarray(ok_S), cfg.quantile
-            )
-        ),
+        # None (JSON null): more than alpha of the held-out states had no
+        # scored message, so the quantile has no estimate.
+        "kl_quantile": quantile if np.isfinite(quantile) else None,
         "kl_mean": _mean(kl_S, ok_S),
         "kl_max": float(kl_S[ok_S].max()) if ok_S.any() else 0.0,
+        "unscored_states": int((~ok_S).sum()),
         "valid_fraction": float(valid.mean()),
         "canonical_fraction": float(cands.canonical.mean()),
+        "states_usable_fraction": held[2],
         **extra,
     }
     history.append(row)
     logging.info("stage 0 message fit: %s", row)
-    return row["kl_quantile"] <= cfg.bound
+    return quantile <= cfg.bound
 
   # The same monitor key at every check: its samples differ only through
   # the student (common random numbers), so consecutive checks compare.
-  key_check = jax.random.fold_in(key_held, 1)
   inside = check(0, key_check, {})
   step, batch = 0, 0
   while not inside and step < cfg.max_steps:
     t0 = time.perf_counter()
     k_batch = jax.random.fold_in(key_train, batch)
-    pre_ids, cur_ids = states(jax.random.fold_in(k_batch, 0))
+    pre_ids, cur_ids, usable = states(jax.random.fold_in(k_batch, 0))
     batch += 1
     # K candidates per state from each model, state-major: a state's
     # pi_pre draws, then its pi_cur draws.
@@ -654,6 +692,7 @@ def fit_messages(
             "tilt_kl_mean": _mean(t.kl_S, has),
             "pre_kl_mean": _mean(t.kl_pre_S, has),
             "candidates_valid_fraction": float(valid.mean()),
+            "batch_states_usable_fraction": usable,
             "time_s": time.perf_counter() - t0,
         },
     )

@@ -70,17 +70,41 @@ class SwapError(ValueError):
   """The swap cannot be done as asked; the message names what."""
 
 
+def _tokenizer_rules(tokenizer: Any) -> str | None:
+  backend = getattr(tokenizer, "backend_tokenizer", None)
+  return None if backend is None else backend.to_str()
+
+
 def own_tokenizer(model_dir: pathlib.Path, slot_tokenizer: Any) -> Any | None:
   """The new model's tokenizer when it differs from the slot's, else None.
 
-  A folder without tokenizer files is taken to use the slot's.
+  A folder without tokenizer files is taken to use the slot's. With the
+  slot's vocabulary the new model enters under the slot's tokenizer and
+  chat template (the token-level projection scores the slot's streams);
+  if its own template or tokenization rules differ, they are not used,
+  and a warning says so.
   """
   if not any((model_dir / f).is_file() for f in _TOKENIZER_FILES):
     return None
   own = models.load_tokenizer(model_dir)
-  if own.get_vocab() == slot_tokenizer.get_vocab():
-    return None
-  return own
+  if own.get_vocab() != slot_tokenizer.get_vocab():
+    return own
+  differ = [
+      what
+      for what, get in (
+          ("chat template", lambda t: getattr(t, "chat_template", None)),
+          ("tokenization rules", _tokenizer_rules),
+      )
+      if get(own) != get(slot_tokenizer)
+  ]
+  if differ:
+    logging.warning(
+        "%s: same vocabulary as the slot, other %s; the new model will run"
+        " under the slot's tokenizer and chat template",
+        model_dir,
+        " and ".join(differ),
+    )
+  return None
 
 
 def load_model(model_dir, dtype, mesh):
@@ -192,11 +216,12 @@ def swap(
       )
     if fit_cfg is not None:
       if not result.inside:
+        last = result.history[-1]["kl_quantile"]
         raise SwapError(
             "the fitted model's KL quantile"
-            f" {result.history[-1]['kl_quantile']:.4g} is still above"
-            f" {fit_cfg.bound:.4g} after {result.steps} steps; raise"
-            " max_steps or learning_rate (nothing was written)"
+            f" {'(no estimate)' if last is None else format(last, '.4g')}"
+            f" is still above {fit_cfg.bound:.4g} after {result.steps} steps;"
+            " raise max_steps or learning_rate (nothing was written)"
         )
       fitted, history = result.params, result.history
 
