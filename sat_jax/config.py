@@ -277,8 +277,8 @@ class TrainConfig:
   checkpoint: CheckpointConfig = CheckpointConfig()
   pretrain: PretrainConfig = PretrainConfig()
   num_stages: int = 10
-  # > 0: stop after the stage that passes it; the wall time of this process
-  # (a resumed run gets the whole budget again).
+  # > 0: stop after the stage that passes it; the run's wall time, summed
+  # over the processes that ran it (up to each one's last checkpoint).
   time_budget_s: float = 0.0
   seed: int = 0
   name: str = ""

@@ -203,15 +203,29 @@ def restore_team(
   return team, states, metas, step
 
 
+def load_split(task: base.Task, split: str, field: str) -> list[Any]:
+  """task.load(split), its error naming the config field that chose it."""
+  try:
+    return list(task.load(split))
+  except ValueError as e:
+    raise ValueError(f"{field}={split!r}: {e}") from e
+
+
 def stage_rollout_fn(
-    config: config_lib.TrainConfig, team: Team, task: base.Task
+    config: config_lib.TrainConfig,
+    team: Team,
+    task: base.Task,
+    examples: Sequence[Any] | None = None,
 ) -> team_lib.LMRollout:
-  """The team rollout of one stage: config.rollout's prompts and groups."""
+  """The team rollout of one stage: config.rollout's prompts and groups
+  (over `examples`, default: the rollout split)."""
+  if examples is None:
+    examples = load_split(task, config.rollout.split, "rollout.split")
   return team_lib.make_rollout_fn(
       team.agents,
       team.tokenizers,
       task,
-      task.load(config.rollout.split),
+      examples,
       config.protocol,
       num_prompts=config.rollout.prompts_per_stage,
       group_size=config.rollout.group_size,
@@ -457,6 +471,11 @@ def train_and_evaluate(
   if (workdir / "config.json").exists():
     saved = io_utils.read_json(workdir / "config.json")
     _check_resumable(saved, effective)
+  # Both splits before the warm start, which may take minutes.
+  rollout_examples = load_split(task, config.rollout.split, "rollout.split")
+  eval_examples = load_split(task, config.eval.split, "eval.split")[
+      : config.eval.num_problems
+  ]
   # The warm start runs on one device, before the mesh is entered; on
   # several processes the first builds it and the others wait, then load it.
   if any(e.model == config_lib.PRETRAIN for e in config.team):
@@ -470,10 +489,7 @@ def train_and_evaluate(
     state = initial_state(team, config)
     sat_cfg = config.sat_config()
     deltas = config.agent_deltas()
-    rollout_fn = stage_rollout_fn(config, team, task)
-    eval_examples = list(task.load(config.eval.split))[
-        : config.eval.num_problems
-    ]
+    rollout_fn = stage_rollout_fn(config, team, task, rollout_examples)
     ckpt = checkpoint_lib.TeamCheckpointer(
         workdir / "checkpoints",
         max_to_keep=config.checkpoint.max_to_keep,
@@ -488,9 +504,13 @@ def train_and_evaluate(
     # No barrier needed: the rewrite is atomic, and every process keeps the
     # same rows whether it reads the file before or after it.
     rows = _truncate_metrics(workdir, last, write=multihost.is_primary())
+    # Wall time of the run before this process, up to its last checkpoint
+    # (time_budget_s and summary.json's time_wall_s count the whole run).
+    wall_before = 0.0
     if last is not None:
       state, _, cursor = ckpt.restore(last, state)
       start = int(cursor["stage"])
+      wall_before = float(cursor.get("wall_s", 0.0))
       logging.info("resuming after stage %d from %s", start, ckpt.directory)
     writer = metrics_lib.MetricsWriter(workdir)
     writer.write_config(effective)
@@ -519,7 +539,11 @@ def train_and_evaluate(
         plots.plot_run(
             rows, workdir / "plot.png", config.name, config.num_agents
         )
-      cursor = {"stage": stage, "num_stages": config.num_stages}
+      cursor = {
+          "stage": stage,
+          "num_stages": config.num_stages,
+          "wall_s": wall_before + time.perf_counter() - t_start,
+      }
       ckpt.save(stage, state, team.metas, cursor)
 
     if last is None:
@@ -553,7 +577,7 @@ def train_and_evaluate(
       t1 = time.perf_counter()
       # The budget is decided before the eval, so that the stage a run
       # stops at is always evaluated (its summary's final accuracy).
-      elapsed = t1 - t_start
+      elapsed = wall_before + t1 - t_start
       over_budget = multihost.primary_decides(
           bool(config.time_budget_s) and elapsed >= config.time_budget_s
       )
@@ -598,7 +622,10 @@ def train_and_evaluate(
     ckpt.close()
     writer.close()
   summary = _summary(
-      rows, pretrain_info, time.perf_counter() - t_start, stopped_early
+      rows,
+      pretrain_info,
+      wall_before + time.perf_counter() - t_start,
+      stopped_early,
   )
   if multihost.is_primary():
     io_utils.atomic_write_json(workdir / "summary.json", summary)

@@ -318,3 +318,37 @@ def test_a_built_base_with_other_warm_start_settings_is_refused(
   info["settings"]["steps"] = settings["steps"]
   (base_dir / "pretrain.json").write_text(json.dumps(info))
   assert train.pretrained_base(config, None, tmp_path) == base_dir
+
+
+def test_the_time_budget_counts_the_whole_run_across_resumes(
+    tmp_path, tiny_model
+):
+  """A resumed run's budget includes the wall time before it: with the
+  budget set to what the first two stages took, the resume stops after one
+  more stage (a budget per process would let it run on to stage 4)."""
+  config = tiny_train_config(*tiny_model)
+  first = train.train_and_evaluate(config, tmp_path, progress=False)
+  ckpt = checkpoint_lib.TeamCheckpointer(tmp_path / "checkpoints")
+  wall_2 = ckpt.restore_cursor(2)["wall_s"]
+  ckpt.close()
+  assert 0 < wall_2 <= first["time_wall_s"]
+  resumed = dataclasses.replace(config, num_stages=4, time_budget_s=wall_2)
+  summary = train.train_and_evaluate(resumed, tmp_path, progress=False)
+  assert summary["stages_completed"] == 3
+  assert summary["stopped_by_time_budget"]
+  assert summary["time_wall_s"] > wall_2
+  ckpt = checkpoint_lib.TeamCheckpointer(tmp_path / "checkpoints")
+  assert ckpt.restore_cursor(3)["wall_s"] > wall_2
+  ckpt.close()
+
+
+@pytest.mark.parametrize("field", ["rollout", "eval"])
+def test_an_unknown_split_names_its_field_before_anything_runs(
+    tmp_path, tiny_model, field
+):
+  config = tiny_train_config(*tiny_model)
+  part = dataclasses.replace(getattr(config, field), split="tset")
+  config = dataclasses.replace(config, **{field: part})
+  with pytest.raises(ValueError, match=rf"{field}\.split='tset': unknown"):
+    train.train_and_evaluate(config, tmp_path, progress=False)
+  assert not (tmp_path / "checkpoints").exists()
