@@ -223,6 +223,8 @@ def test_two_stages_write_every_output(tmp_path, tiny_model):
   )
   # Someone trained: the params moved, and only through accepted updates.
   params, cursor = final_params(tmp_path, config)
+  # The run's wall time so far rides along (the time budget counts it).
+  assert cursor.pop("wall_s") > 0
   assert cursor == {"stage": 2, "num_stages": 2}
   start = jax.device_get(models.load_hf(tiny_model[0])[1])
   accepted = [
