@@ -534,11 +534,14 @@ def train_and_evaluate(
       log_row(writer, rows, step, eval_row(summary), "eval")
       return summary
 
-    def commit(stage: int) -> None:
+    def plot() -> None:
       if multihost.is_primary():
         plots.plot_run(
             rows, workdir / "plot.png", config.name, config.num_agents
         )
+
+    def commit(stage: int) -> None:
+      plot()
       cursor = {
           "stage": stage,
           "num_stages": config.num_stages,
@@ -614,10 +617,8 @@ def train_and_evaluate(
     if not any(r["kind"] == "eval" and r["step"] == end for r in rows):
       # A resumed run with nothing left to train whose last stage was never
       # evaluated (it stopped on its time budget before the stop evaluated).
-      if evaluate(end) is not None and multihost.is_primary():
-        plots.plot_run(
-            rows, workdir / "plot.png", config.name, config.num_agents
-        )
+      if evaluate(end) is not None:
+        plot()
     ckpt.wait_until_finished()
     ckpt.close()
     writer.close()

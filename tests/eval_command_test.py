@@ -140,89 +140,81 @@ def test_eval_rejects_a_missing_run_or_step(saved_team, tmp_path):
   assert "no step 7" in done.stderr and "[0]" in done.stderr
 
 
-_CHECK_COUNTS = """
+# The command's absl flags clash with other commands' in this process: its
+# pure helpers run in one fresh interpreter per test, one call per case.
+_CALL_EACH = """
 import json, sys
 from sat_jax.commands import eval as eval_command
+fn = getattr(eval_command, sys.argv[1])
 out = []
-for k, num_problems, batch_size in json.loads(sys.argv[1]):
+for args in json.loads(sys.argv[2]):
   try:
-    eval_command.check_counts(k, num_problems, batch_size)
-    out.append(None)
+    out.append({"value": fn(*args)})
   except ValueError as e:
-    out.append(str(e))
+    out.append({"error": str(e)})
 print(json.dumps(out))
 """
 
 
-def test_eval_rejects_meaningless_counts(tmp_path):
-  # One interpreter for every case (the command's absl flags clash with
-  # other commands' in this process); main's own use of the check, before
-  # the run directory is read (here: there is none), in a second one.
-  cases = [
-      ((0, 0, None), "--k=0: must be >= 1"),
-      ((-5, 0, None), "--k=-5: must be >= 1"),
-      ((None, -1, None), "--num_problems=-1: must be >= 0"),
-      ((None, 0, 0), "--batch_size=0: must be >= 1"),
-      ((1, 0, 1), None),
-      ((None, 5, None), None),
-  ]
+def _call_each(name: str, cases: list) -> list[dict]:
+  """eval_command.<name>(*args) for each (args, want) of `cases`."""
   done = subprocess.run(
-      [sys.executable, "-c", _CHECK_COUNTS, json.dumps([c for c, _ in cases])],
+      [
+          sys.executable,
+          "-c",
+          _CALL_EACH,
+          name,
+          json.dumps([c for c, _ in cases]),
+      ],
       capture_output=True,
       text=True,
       timeout=300,
       check=True,
   )
-  got = json.loads(done.stdout.strip().splitlines()[-1])
-  for (case, want), message in zip(cases, got):
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _check_errors(name: str, cases: list) -> None:
+  """Each case raises a ValueError starting with its want, or (None) not."""
+  for (case, want), got in zip(cases, _call_each(name, cases)):
     if want is None:
-      assert message is None, case
+      assert "error" not in got, (case, got)
     else:
-      assert message.startswith(want), (case, message)
+      assert got.get("error", "").startswith(want), (case, got)
+
+
+def test_eval_rejects_meaningless_counts(tmp_path):
+  _check_errors(
+      "check_counts",
+      [
+          ((0, 0, None), "--k=0: must be >= 1"),
+          ((-5, 0, None), "--k=-5: must be >= 1"),
+          ((None, -1, None), "--num_problems=-1: must be >= 0"),
+          ((None, 0, 0), "--batch_size=0: must be >= 1"),
+          ((1, 0, 1), None),
+          ((None, 5, None), None),
+      ],
+  )
+  # main checks them before it reads the run directory (here: none).
   done = _eval(f"--workdir={tmp_path / 'nope'}", "--num_problems=-1")
   assert done.returncode != 0
   assert "ValueError: --num_problems=-1: must be >= 0" in done.stderr
   assert "no such directory" not in done.stderr
 
 
-_CHECK_PRODUCT = """
-import json, sys
-from sat_jax.commands import eval as eval_command
-out = []
-for agent, model, delta in json.loads(sys.argv[1]):
-  try:
-    eval_command.check_product_flags(agent, model, delta)
-    out.append(None)
-  except ValueError as e:
-    out.append(str(e))
-print(json.dumps(out))
-"""
-
-
 def test_eval_rejects_incomplete_product_flags(tmp_path):
-  cases = [
-      ((1, None, None), "--product_agent needs --product_model"),
-      ((None, "/m", None), "--product_model needs --product_agent"),
-      ((None, None, 0.1), "--product_delta needs --product_agent"),
-      ((None, "/m", 0.1), "--product_model needs --product_agent"),
-      ((1, "/m", None), None),
-      ((1, "/m", 0.1), None),
-      ((None, None, None), None),
-  ]
-  done = subprocess.run(
-      [sys.executable, "-c", _CHECK_PRODUCT, json.dumps([c for c, _ in cases])],
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=True,
+  _check_errors(
+      "check_product_flags",
+      [
+          ((1, None, None), "--product_agent needs --product_model"),
+          ((None, "/m", None), "--product_model needs --product_agent"),
+          ((None, None, 0.1), "--product_delta needs --product_agent"),
+          ((None, "/m", 0.1), "--product_model needs --product_agent"),
+          ((1, "/m", None), None),
+          ((1, "/m", 0.1), None),
+          ((None, None, None), None),
+      ],
   )
-  got = json.loads(done.stdout.strip().splitlines()[-1])
-  for (case, want), message in zip(cases, got):
-    if want is None:
-      assert message is None, case
-    else:
-      assert message.startswith(want), (case, message)
-  # main checks them before it reads the run directory (here: none).
   done = _eval(f"--workdir={tmp_path / 'nope'}", "--product_model=/m")
   assert done.returncode != 0
   assert "--product_model needs --product_agent" in done.stderr
@@ -279,18 +271,5 @@ def test_default_out_names_keep_different_evaluations_apart():
           "arith_dev_step2_solo_product0_seed5",
       ),
   ]
-  script = (
-      "import json, sys\n"
-      "from sat_jax.commands import eval as eval_command\n"
-      "print(json.dumps([eval_command.default_out_name(*c)"
-      " for c in json.loads(sys.argv[1])]))\n"
-  )
-  done = subprocess.run(
-      [sys.executable, "-c", script, json.dumps([c for c, _ in cases])],
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=True,
-  )
-  got = json.loads(done.stdout.strip().splitlines()[-1])
-  assert got == [want for _, want in cases]
+  got = _call_each("default_out_name", cases)
+  assert got == [{"value": want} for _, want in cases]

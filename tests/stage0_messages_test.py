@@ -299,6 +299,24 @@ def test_the_same_model_over_other_ids_is_inside_at_step_0(tmp_path):
   assert row["valid_fraction"] > 0.5
 
 
+def test_pick_states_draws_aligned_pairs_from_the_whole_rollout():
+  pre = [np.array([i]) for i in range(100)]
+  cur = [np.array([1000 + i]) for i in range(100)]
+  picks = []
+  for seed in range(20):
+    a, b = msg_lib.pick_states(pre, cur, 10, jax.random.key(seed))
+    got = [int(x[0]) for x in a]
+    assert [int(x[0]) - 1000 for x in b] == got  # pairs stay together
+    assert len(set(got)) == 10  # without replacement
+    picks += got
+  again, _ = msg_lib.pick_states(pre, cur, 10, jax.random.key(19))
+  assert [int(x[0]) for x in again] == got  # a key gives one draw
+  # Uniform over all 100, not the rollout's first groups: 200 draws put
+  # about 100 in the second half (binomial sd 7).
+  assert 70 < sum(i >= 50 for i in picks) < 130
+  assert len(set(picks)) > 70
+
+
 def _writes_only(params, token: int):
   """The model with every logit but `token`'s far below it: the residual's
   dimension 0 holds the embedding's column 0 (1 everywhere, 5 at `token`:

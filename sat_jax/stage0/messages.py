@@ -56,11 +56,10 @@ two differ where an earlier message was cut at max_new_tokens, stopped on
 another stop id, or had whitespace that the transcript strips (pi_cur is
 then scored after a context close to, not equal to, the one it saw). The
 sequence probability of a text is taken as that of this canonical
-tokenisation (other tokenisations of the same text are ignored; a message cut at
-max_new_tokens is scored as the probability of that prefix, which each
-model cuts at its own token count, so cut messages enter as an
-approximation), so a
-drawn message counts only when its sampled ids are that tokenisation
+tokenisation (other tokenisations of the same text are ignored; a message
+cut at max_new_tokens is scored as the probability of that prefix, which
+each model cuts at its own token count, so cut messages enter as an
+approximation), so a drawn message counts only when its sampled ids are that tokenisation
 (decoding and re-encoding gives them back; a trained model's samples
 almost always are, a random model's byte salad mostly not): the
 projection is over the messages each model writes canonically, and the
@@ -460,6 +459,17 @@ def _usable(contexts, pre: Side, cur: Side, n: int, agent: int):
   return pre_ids, cur_ids
 
 
+def pick_states(pre_ids: list, cur_ids: list, n: int, key: jax.Array):
+  """n of the (pre, cur) context pairs, a uniform draw without replacement.
+
+  A rollout lists its episodes group by group (one prompt per group), so
+  its first n contexts would all come from a prompt or two.
+  """
+  seed = np.asarray(jax.random.key_data(key)).ravel()
+  order = np.random.default_rng(seed).permutation(len(pre_ids))[:n]
+  return [pre_ids[i] for i in order], [cur_ids[i] for i in order]
+
+
 def fit_messages(
     cfg: MessageFitConfig,
     pre: Side,
@@ -533,13 +543,8 @@ def fit_messages(
     return optax.apply_updates(params, updates), opt_state, aux
 
   def states(k: jax.Array):
-    """states_per_batch states, a uniform draw from whole rollouts.
-
-    A rollout lists its episodes group by group (one prompt per group), so
-    its first contexts would all come from a prompt or two: the states are
-    a random subset of every usable context drawn. Returns (pre ids, cur
-    ids, the fraction of drawn contexts that fit both models).
-    """
+    """states_per_batch states drawn from whole rollouts (`pick_states`):
+    (pre ids, cur ids, the fraction of drawn contexts that fit both)."""
     pre_ids, cur_ids, drawn, tries = [], [], 0, 0
     while len(pre_ids) < cfg.states_per_batch:
       contexts = draw_contexts(jax.random.fold_in(k, tries))
@@ -553,11 +558,8 @@ def fit_messages(
             f"agent {agent}: no drawn state leaves room for"
             f" max_new_tokens={cfg.max_new_tokens} in both models' contexts"
         )
-    order = np.random.default_rng(
-        np.asarray(jax.random.key_data(k)).ravel()
-    ).permutation(len(pre_ids))[: cfg.states_per_batch]
     usable = len(pre_ids) / max(drawn, 1)
-    return [pre_ids[i] for i in order], [cur_ids[i] for i in order], usable
+    return *pick_states(pre_ids, cur_ids, cfg.states_per_batch, k), usable
 
   key_held, key_train, key_check = jax.random.split(key, 3)
   held = states(key_held)
